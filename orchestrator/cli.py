@@ -1,0 +1,209 @@
+"""The `fp8lab` command: trial, sweep, report, ui.
+
+Arguments after the subcommand's flags are Hydra overrides (`lora.r=16`, `precision=fp8_naive`,
+`'+sweep.axes={train.lr:[1e-4,2e-4]}'`). Bad input exits with code 2 and one line per problem,
+before anything is written.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from orchestrator.errors import UserInputError
+
+EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
+
+EPILOG = """examples:
+  fp8lab sweep                                  # default sweep: 3 policies x 2 seeds, then the report
+  fp8lab sweep --dry-run '+sweep.axes={lora.r:[8,16]}'
+  fp8lab trial precision=fp8_protected seed=1 trial.output=result.json
+  fp8lab report --out report/
+  fp8lab ui
+  fp8lab trial --cfg job                        # print the composed config
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fp8lab", description="LoRA fine-tunes under BF16 vs FP8 precision policies, "
+                                     "scheduled on Ray, tracked in MLflow.", epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    trial = sub.add_parser("trial", help="run one trial (a LoRA fine-tune under one precision policy)")
+    _add_hydra_args(trial)
+    sweep = sub.add_parser("sweep", help="run the sweep matrix on Ray (policies x seeds x other axes)")
+    _add_hydra_args(sweep)
+    sweep.add_argument("--dry-run", action="store_true", help="print the trials (and which would be skipped) and stop")
+    sweep.add_argument("--force", action="store_true", help="rerun trials that already FINISHED in this experiment")
+    report = sub.add_parser("report", help="write the quality-vs-speed report from MLflow")
+    report.add_argument("--experiment", help="MLflow experiment (default: sweep.name)")
+    group = report.add_mutually_exclusive_group()
+    group.add_argument("--sweep", dest="sweep_id", help="sweep id to report (default: the latest sweep)")
+    group.add_argument("--all", action="store_true", help="report every trial run in the experiment")
+    report.add_argument("--out", help="output folder (default: fp8lab-report/<sweep_id>)")
+    _add_hydra_args(report, cfg=False)
+    ui = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the configured store")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    _add_hydra_args(ui, cfg=False)
+    return parser
+
+
+def _add_hydra_args(parser: argparse.ArgumentParser, cfg: bool = True) -> None:
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. precision=fp8_naive train.steps=100")
+    parser.add_argument("--config-dir", help="your own config folder, searched before fp8lab's (Hydra search path)")
+    if cfg:
+        parser.add_argument("--cfg", choices=["job", "all"], help="print the composed config and exit (like Hydra's --cfg)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "trial": cmd_trial, "sweep": cmd_sweep, "report": cmd_report, "ui": cmd_ui}
+    try:
+        return handlers[args.command](args)
+    except UserInputError as exc:
+        for problem in exc.problems:
+            print(f"fp8lab: error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _composed(args: argparse.Namespace) -> dict[str, Any]:
+    from orchestrator.config_loader import compose_config, to_container
+    from orchestrator.schema import validate_config
+
+    config = to_container(compose_config(args.overrides, args.config_dir))
+    problems = validate_config(config)
+    if problems:
+        raise UserInputError(problems)
+    return config
+
+
+def _print_cfg(config: dict[str, Any]) -> int:
+    from orchestrator.matrix import resolved_yaml
+
+    print(resolved_yaml(config), end="")
+    return 0
+
+
+def cmd_trial(args: argparse.Namespace) -> int:
+    from orchestrator.single_trial import run_single_trial
+
+    config = _composed(args)
+    if args.cfg:
+        return _print_cfg(config)
+    result = run_single_trial(config, args.overrides)
+    return {"FINISHED": 0, "DIVERGED": 0, "KILLED": EXIT_INTERRUPTED}.get(result["status"], EXIT_FAILED)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from orchestrator import sweep as sweep_mod
+    from orchestrator.progress import console
+
+    if args.cfg:
+        return _print_cfg(_composed(args))
+    out = console()
+    plan = sweep_mod.plan_sweep(args.overrides, args.config_dir, args.force)
+    if args.dry_run:
+        _print_plan(plan, out)
+        return 0
+    if not plan.to_run:
+        out.print(f"All {len(plan.specs)} trials of sweep {plan.sweep_id} already FINISHED (use --force to rerun them).")
+        outcome = None
+    else:
+        outcome = sweep_mod.run_sweep(plan, out)
+        _print_outcome(outcome, out)
+        if outcome.interrupted:
+            out.print("Interrupted: unfinished trials marked KILLED; run the same command again to finish them.")
+            return EXIT_INTERRUPTED
+    if plan.config["sweep"]["report"]:
+        _report_after_sweep(plan, out)
+    _print_where(plan, out)
+    failed = outcome is not None and any(r["status"] == "FAILED" for r in outcome.results.values())
+    return EXIT_FAILED if failed else 0
+
+
+def _print_plan(plan: Any, out: Any) -> None:
+    from rich.table import Table
+
+    from orchestrator.matrix import describe
+
+    table = Table(title=f"sweep {plan.sweep_id}: {len(plan.specs)} trials, experiment '{plan.config['sweep']['name']}'")
+    rows = [describe(s) for s in plan.specs]
+    columns = list(dict.fromkeys(k for row in rows for k in row)) + ["action"]
+    for column in columns:
+        table.add_column(column)
+    for spec, row in zip(plan.specs, rows):
+        action = "skip (FINISHED)" if spec.trial_id in plan.skipped else "run"
+        table.add_row(*[str(row.get(c, "")) for c in columns[:-1]], action)
+    out.print(table)
+    out.print("Overrides per trial: fp8lab trial <your overrides> " + " ".join(plan.specs[0].overrides[-len(plan.specs[0].axis_values):]) if plan.specs else "")
+
+
+def _print_outcome(outcome: Any, out: Any) -> None:
+    from orchestrator.progress import summary_table
+
+    out.print(summary_table(outcome.plan.to_run, outcome.results, f"sweep {outcome.plan.sweep_id} results"))
+    durations = [r.get("metrics", {}).get("train/wall_s", 0) + r.get("metrics", {}).get("eval/wall_s", 0) for r in outcome.results.values()]
+    out.print(f"makespan {outcome.makespan_s:.0f}s for {len(outcome.results)} trials on {outcome.slots} parallel slot(s)")
+
+
+def _report_after_sweep(plan: Any, out: Any) -> None:
+    try:
+        from analysis.report import generate_report
+    except ImportError:
+        return
+    paths = _run_report(plan.config, plan.tracking_uri, plan.config["sweep"]["name"], plan.sweep_id, False, None, generate_report)
+    out.print(f"Report: {paths}")
+
+
+def _run_report(config: dict[str, Any], uri: str, experiment: str, sweep_id: str | None, all_runs: bool,
+                out_dir: str | None, generate: Callable[..., Any]) -> Any:
+    from analysis.options import ReportOptions
+
+    rep = config["report"]
+    target = Path(out_dir or rep["out"] or f"fp8lab-report/{sweep_id or 'latest'}")
+    options = ReportOptions(gpu_hour_price=rep["gpu_hour_price"], utilization=rep["utilization"], n_gpu=rep["n_gpu"])
+    try:
+        result = generate(tracking_uri=uri, experiment=experiment, sweep_id=sweep_id, all_runs=all_runs, out_dir=target, options=options)
+    except ValueError as exc:
+        raise UserInputError(str(exc)) from None
+    return getattr(result, "out_dir", target)
+
+
+def _print_where(plan: Any, out: Any) -> None:
+    out.print(f"Results: MLflow store {plan.tracking_uri}, experiment '{plan.config['sweep']['name']}', sweep {plan.sweep_id}")
+    out.print("Open the MLflow UI: fp8lab ui   (then browse http://127.0.0.1:5000)")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from analysis.report import generate_report
+
+    from orchestrator.config_loader import compose_config, to_container
+    from orchestrator.tracking import absolute_uri
+
+    config = to_container(compose_config(args.overrides, args.config_dir))
+    uri = absolute_uri(config["tracking"]["uri"])
+    path = _run_report(config, uri, args.experiment or config["sweep"]["name"], args.sweep_id, args.all, args.out, generate_report)
+    print(f"Report written to {path}")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from orchestrator.config_loader import compose_config, to_container
+    from orchestrator.tracking import absolute_uri
+
+    config = to_container(compose_config(args.overrides, args.config_dir))
+    uri = absolute_uri(config["tracking"]["uri"])
+    print(f"MLflow UI for {uri}: http://{args.host}:{args.port}  (Ctrl-C to stop)", flush=True)
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    try:
+        return subprocess.call(command)
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

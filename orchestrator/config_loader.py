@@ -1,0 +1,93 @@
+"""Compose fp8lab's Hydra config from the shipped tree plus user overrides.
+
+We use Hydra's compose API (not @hydra.main) because fp8lab has several subcommands, must not
+change the working directory or write `outputs/` folders, and must find `conf/` both in a
+checkout and in an installed wheel (it ships as the `fp8lab_conf` package).
+"""
+from __future__ import annotations
+
+import difflib
+import importlib.resources
+import re
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from orchestrator.errors import UserInputError
+
+
+def shipped_config_dir() -> Path:
+    """The conf/ folder shipped with fp8lab (package data of `fp8lab_conf`)."""
+    return Path(str(importlib.resources.files("fp8lab_conf")))
+
+
+def compose_config(overrides: list[str], config_dir: str | None = None) -> DictConfig:
+    """Compose the primary config with Hydra overrides; a user config dir is searched first.
+
+    Hydra's own errors (unknown group option, key not in struct, grammar) become one-line
+    UserInputErrors that say how to fix the override.
+    """
+    return compose_many([overrides], config_dir)[0]
+
+
+def compose_many(override_sets: list[list[str]], config_dir: str | None = None) -> list[DictConfig]:
+    """Compose one config per override list inside a single Hydra context (a sweep's cells)."""
+    search = _searchpath_override(config_dir)
+    override_sets = [[_open_axes(o) for o in overrides] for overrides in override_sets]
+    configs = []
+    try:
+        with initialize_config_dir(config_dir=str(shipped_config_dir()), version_base="1.3", job_name="fp8lab"):
+            for overrides in override_sets:
+                cfg = compose(config_name="config", overrides=list(overrides) + search)
+                OmegaConf.set_struct(cfg, False)
+                configs.append(cfg)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise UserInputError(_one_line_hydra_error(exc)) from None
+    return configs
+
+
+def _open_axes(override: str) -> str:
+    """`sweep.axes` is an open mapping: `sweep.axes={lora.r:[8,16]}` adds an axis and
+    `sweep.axes.train.lr=[...]` adds or replaces one, without Hydra's `+`/`++` prefixes
+    (Hydra's struct mode would otherwise refuse keys the default sweep does not have).
+    Existing axes are kept; remove one with `~sweep.axes.seed`."""
+    if override.startswith("sweep.axes=") or override.startswith("sweep.axes."):
+        return "++" + override
+    return override
+
+
+def _searchpath_override(config_dir: str | None) -> list[str]:
+    if config_dir is None:
+        return []
+    user_dir = Path(config_dir).expanduser().resolve()
+    if not user_dir.is_dir():
+        raise UserInputError(f"--config-dir: {config_dir} is not a folder (fix: pass an existing folder of YAML configs)")
+    return [f"hydra.searchpath=[file://{user_dir}]"]
+
+
+_MISSING_OPTION = re.compile(r"Could not find '(?P<group>[\w/]+)/(?P<option>[^']+)'.*?Available options in '[^']+':(?P<options>.*?)(Config search path|$)", re.S)
+
+
+def _one_line_hydra_error(exc: Exception) -> str:
+    """Hydra errors are multi-line; keep the meaningful part and add the usual fix."""
+    raw = str(exc)
+    missing = _MISSING_OPTION.search(raw)
+    if missing:
+        group, option = missing["group"], missing["option"]
+        options = missing["options"].split()
+        close = difflib.get_close_matches(option, options, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return (f"{group}={option}: unknown {group} option ({hint}available: {', '.join(options)}; "
+                f"fix: {group}={close[0] if close else options[0]} or add {group}/{option}.yaml with --config-dir)")
+    text = " ".join(line.strip() for line in raw.splitlines() if line.strip())
+    if "Could not override" in text:
+        return f"{text} (fix: check the key's spelling; `fp8lab trial --cfg job` prints every key)"
+    return f"config: {text}"
+
+
+def to_container(cfg: DictConfig) -> dict:
+    """A plain, fully resolved dict (what trials receive and what is logged)."""
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]

@@ -1,0 +1,76 @@
+"""Live progress of a sweep: a Ray actor collects trial updates; the driver renders a table.
+
+Trials call `board.update.remote(...)` fire-and-forget (never blocking training); the driver
+polls one snapshot per refresh.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+from rich.console import Console
+from rich.table import Table
+
+STATE_STYLE = {"FINISHED": "green", "DIVERGED": "yellow", "FAILED": "red", "KILLED": "red",
+               "RUNNING": "cyan", "PENDING": "dim", "SKIPPED": "dim", "RETRYING": "magenta"}
+
+
+@ray.remote(num_cpus=0)
+class ProgressBoard:
+    """Latest known state of every trial, keyed by trial id."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, Any]] = {}
+
+    def update(self, trial_id: str, fields: dict[str, Any]) -> None:
+        row = self.rows.setdefault(trial_id, {})
+        if fields.get("state") == "RUNNING" and "started" not in row:
+            row["started"] = time.time()
+        row.update(fields)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return self.rows
+
+
+def render_table(specs: list[Any], rows: dict[str, dict[str, Any]], total_steps: int, title: str) -> Table:
+    """trial, state, step/total, loss, tokens/s, elapsed."""
+    table = Table(title=title, expand=False)
+    for column in ("trial", "state", "step", "loss", "tokens/s", "elapsed"):
+        table.add_column(column, justify="right" if column not in ("trial", "state") else "left")
+    for spec in specs:
+        row = rows.get(spec.trial_id, {})
+        state = row.get("state", "PENDING")
+        started, ended = row.get("started"), row.get("ended") or time.time()
+        table.add_row(
+            spec.run_name,
+            f"[{STATE_STYLE.get(state, '')}]{state}[/]",
+            f"{row.get('step', 0)}/{spec.config['train']['steps']}",
+            _fmt(row.get("loss"), ".4f"),
+            _fmt(row.get("tokens_per_s"), ".0f"),
+            f"{ended - started:.0f}s" if started else "-",
+        )
+    return table
+
+
+def summary_table(specs: list[Any], results: dict[str, dict[str, Any]], title: str) -> Table:
+    """Final table: accuracy, tokens/s and status per trial."""
+    table = Table(title=title)
+    for column in ("trial", "status", "accuracy", "tokens/s", "final loss", "trial_id", "note"):
+        table.add_column(column)
+    for spec in specs:
+        result = results.get(spec.trial_id, {})
+        metrics = result.get("metrics", {})
+        status = result.get("status", "-")
+        table.add_row(spec.run_name, f"[{STATE_STYLE.get(status, '')}]{status}[/]",
+                      _fmt(metrics.get("eval/accuracy"), ".3f"), _fmt(metrics.get("train/tokens_per_s"), ".0f"),
+                      _fmt(metrics.get("train/final_loss"), ".4f"), spec.trial_id, (result.get("reason") or "")[:60])
+    return table
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def console() -> Console:
+    return Console(stderr=False, highlight=False)

@@ -1,0 +1,109 @@
+"""Schedule trials on Ray core tasks and collect their results.
+
+Why Ray core and not Tune: a trial is a single function call with fixed config (no search
+algorithm, no early stopping), retries on a dead worker are `max_retries`, and resume/dedupe
+are keyed on MLflow trial ids, which outlive Tune's experiment folders. Each task runs in a
+fresh worker process (`max_calls=1`): clean memory figures and no state shared between trials.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import RayError
+
+from orchestrator.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class TrialLaunch:
+    """Everything a worker needs for one trial (plain data only)."""
+
+    config: dict[str, Any]
+    trial_id: str
+    run_id: str
+    tracking_uri: str
+    policy_label: str
+
+
+def init_ray(cluster: dict[str, Any]) -> None:
+    """Start a local Ray (token auth on, dashboard on 127.0.0.1 only) or join `cluster.address`."""
+    os.environ.setdefault("RAY_AUTH_MODE", "token")  # never weaker than Ray's own default
+    common = dict(log_to_driver=False, configure_logging=False, ignore_reinit_error=True)
+    if cluster["address"]:
+        try:
+            ray.init(address=cluster["address"], **common)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise UserInputError(f"cluster.address: cannot connect to Ray at {cluster['address']} ({_first_line(exc)}) "
+                                 "(fix: check the address, or drop cluster.address to start a local Ray)") from None
+        return
+    ray.init(num_cpus=cluster["num_cpus"], num_gpus=cluster["num_gpus"],
+             include_dashboard=cluster["include_dashboard"], dashboard_host=cluster["dashboard_host"], **common)
+
+
+def check_resources(cluster: dict[str, Any]) -> None:
+    """A trial asking for more GPUs/CPUs than the cluster has would wait forever: refuse now."""
+    total = ray.cluster_resources()
+    if cluster["gpus_per_trial"] > total.get("GPU", 0):
+        raise UserInputError(f"cluster.gpus_per_trial: {cluster['gpus_per_trial']} GPU(s) per trial requested but the "
+                             f"Ray cluster has {total.get('GPU', 0):g} (fix: cluster.gpus_per_trial=0 to run on CPU)")
+    if cluster["cpus_per_trial"] > total.get("CPU", 0):
+        raise UserInputError(f"cluster.cpus_per_trial: {cluster['cpus_per_trial']} CPUs per trial but the cluster has "
+                             f"{total.get('CPU', 0):g} (fix: cluster.cpus_per_trial=1)")
+
+
+def parallel_slots(cluster: dict[str, Any]) -> int:
+    """How many trials can run at once given the per-trial request."""
+    total = ray.cluster_resources()
+    slots = total.get("CPU", 1) // cluster["cpus_per_trial"]
+    if cluster["gpus_per_trial"]:
+        slots = min(slots, total.get("GPU", 0) // cluster["gpus_per_trial"])
+    return max(1, int(slots))
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+@ray.remote(max_calls=1)
+def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
+    """Runs in a Ray worker. Imports the training stack here, never in the driver."""
+    from workloads.entry import run  # noqa: PLC0415 - heavy import belongs to the worker
+
+    board.update.remote(launch.trial_id, {"state": "RUNNING", "step": 0})
+
+    def progress(step: int, metrics: dict[str, float]) -> None:
+        board.update.remote(launch.trial_id, {"step": step, "loss": metrics.get("train/loss"),
+                                              "tokens_per_s": metrics.get("train/tokens_per_s")})
+
+    result = run(launch.config, launch.trial_id, launch.run_id, launch.tracking_uri, launch.policy_label, progress)
+    result["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+    result["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    board.update.remote(launch.trial_id, {"state": result["status"], "ended": time.time()})
+    return result
+
+
+def submit(launch: TrialLaunch, board: Any, cluster: dict[str, Any], max_retries: int) -> ray.ObjectRef:
+    return run_trial_task.options(
+        num_cpus=cluster["cpus_per_trial"], num_gpus=cluster["gpus_per_trial"],
+        max_retries=max_retries, retry_exceptions=False, name=f"trial:{launch.policy_label}",
+    ).remote(launch, board)
+
+
+def wait_all(refs: dict[ray.ObjectRef, str], on_tick: Callable[[], None],
+             on_result: Callable[[str, dict[str, Any]], None], tick_s: float = 0.5) -> None:
+    """Wait for every trial; a task that failed outright (worker died past its retries) becomes a
+    FAILED result instead of an exception, so one bad trial never stops the sweep."""
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=tick_s)
+        for ref in ready:
+            trial_id = refs[ref]
+            try:
+                on_result(trial_id, ray.get(ref))
+            except RayError as exc:
+                on_result(trial_id, {"status": "FAILED", "reason": f"worker failed: {_first_line(exc)}", "metrics": {}})
+        on_tick()

@@ -1,0 +1,208 @@
+"""Validate the whole composed config once, up front, and report every problem together.
+
+The schema is declarative (one rule per key) so a new key is one line here. Each problem names
+the key, what is allowed, what was given, and how to fix it. Checks that need the filesystem or
+the training stack (model folder, dataset rows, policy names, lm-eval tasks) live in
+orchestrator/preflight.py; this module only looks at the config itself.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one key accepts. `check` returns None when fine, else what is allowed."""
+
+    kinds: tuple[type, ...]
+    allowed: str
+    example: str
+    nullable: bool = False
+    check: Callable[[Any], bool] | None = None
+
+
+def _int(allowed: str, example: str, lo: int | None = None, nullable: bool = False) -> Rule:
+    return Rule((int,), allowed, example, nullable, None if lo is None else (lambda v, lo=lo: v >= lo))
+
+
+def _pos_float(example: str, nullable: bool = False, upper: float | None = None) -> Rule:
+    allowed = "a number > 0" + (f" and <= {upper}" if upper else "")
+    return Rule((int, float), allowed, example, nullable,
+                lambda v: v > 0 and (upper is None or v <= upper))
+
+
+def _nonneg_float(example: str) -> Rule:
+    return Rule((int, float), "a number >= 0", example, False, lambda v: v >= 0)
+
+
+def _choice(*options: str, nullable: bool = False) -> Rule:
+    return Rule((str,), "one of " + ", ".join(options), options[0], nullable, lambda v: v in options)
+
+
+def _str(example: str, nullable: bool = False) -> Rule:
+    return Rule((str,), "a non-empty string", example, nullable, lambda v: bool(v.strip()))
+
+
+_BOOL = Rule((bool,), "true or false", "false")
+_OPEN_DICT = Rule((dict,), "a mapping", "{}")
+
+SCHEMA: dict[str, Any] = {
+    "seed": _int("an integer >= 0", "0", lo=0),
+    "trial": {"output": _str("result.json", nullable=True), "name": _str("my-run", nullable=True)},
+    "model": {
+        "name_or_path": _str("embedded"),
+        "dtype": _choice("bfloat16", "float32", "float16"),
+        "trust_remote_code": _BOOL,
+    },
+    "data": {
+        "path": _str("embedded"),
+        "train_split": _str("train"),
+        "prompt_field": _str("prompt"),
+        "answer_field": _str("answer"),
+        "choices_field": _str("choices", nullable=True),
+        "target_delimiter": Rule((str,), "a string", '" "'),
+        "max_train_examples": _int("an integer >= 1 or null", "1000", lo=1, nullable=True),
+    },
+    "lora": {
+        "r": _int("an integer >= 1", "8", lo=1),
+        "alpha": _pos_float("16"),
+        "dropout": Rule((int, float), "a number in [0, 1)", "0.0", False, lambda v: 0 <= v < 1),
+        "target_modules": Rule((str, list), '"all-linear" or a list of module names', "all-linear"),
+    },
+    "precision": {
+        "policy": _str("bf16"),
+        "backend": _choice("emulated", "auto", "torchao", "transformer_engine"),
+        "switches": _OPEN_DICT,
+        "telemetry": {
+            "enabled": _BOOL,
+            "every": _int("an integer >= 1", "10", lo=1),
+            "underflow_threshold_pct": _pos_float("10.0", upper=100),
+        },
+    },
+    "train": {
+        "steps": _int("an integer >= 1", "300", lo=1),
+        "batch_size": _int("an integer >= 1", "16", lo=1),
+        "max_seq_len": _int("an integer >= 8", "64", lo=8),
+        "lr": _pos_float("2e-4", upper=1.0),
+        "weight_decay": _nonneg_float("0.0"),
+        "warmup_steps": _int("an integer >= 0", "20", lo=0),
+        "grad_clip": _pos_float("1.0", nullable=True),
+        "log_every": _int("an integer >= 1", "10", lo=1),
+        "num_threads": _int("an integer >= 1 or null", "1", lo=1, nullable=True),
+        "device": _choice("auto", "cpu", "cuda"),
+        "checkpoint_every": _int("an integer >= 0", "0", lo=0),
+    },
+    "eval": {
+        "task": _str("fp8lab_embedded"),
+        "include_path": _str("/path/to/tasks", nullable=True),
+        "limit": _int("an integer >= 1 or null", "100", lo=1, nullable=True),
+        "batch_size": _int("an integer >= 1", "32", lo=1),
+        "num_fewshot": _int("an integer >= 0", "0", lo=0),
+        "before_training": _BOOL,
+    },
+    "tracking": {
+        "uri": _str("sqlite:///mlflow.db"),
+        "artifact_location": _str("/path/to/artifacts", nullable=True),
+    },
+    "cluster": {
+        "address": _str("auto", nullable=True),
+        "num_cpus": _int("an integer >= 1 or null", "2", lo=1, nullable=True),
+        "num_gpus": _int("an integer >= 0 or null", "0", lo=0, nullable=True),
+        "include_dashboard": _BOOL,
+        "dashboard_host": _str("127.0.0.1"),
+        "cpus_per_trial": Rule((int, float), "a number > 0", "1", False, lambda v: v > 0),
+        "gpus_per_trial": Rule((int, float), "0, a fraction in (0, 1), or a whole number", "1", False,
+                               lambda v: v >= 0 and (v < 1 or float(v).is_integer())),
+    },
+    "sweep": {
+        "name": _str("fp8lab-default"),
+        "axes": _OPEN_DICT,
+        "max_retries": _int("an integer >= 0", "1", lo=0),
+        "report": _BOOL,
+    },
+    "report": {
+        "gpu_hour_price": _nonneg_float("2.5"),
+        "utilization": _pos_float("0.8", upper=1.0),
+        "n_gpu": _int("an integer >= 1", "1", lo=1),
+        "out": _str("report/", nullable=True),
+    },
+}
+
+
+def validate_config(cfg: dict) -> list[str]:
+    """Every problem in the config, one line each (empty list = valid)."""
+    problems: list[str] = []
+    _walk(cfg, SCHEMA, "", problems)
+    problems += _check_axes(cfg.get("sweep", {}).get("axes"), cfg)
+    return problems
+
+
+def _walk(node: Any, schema: dict, prefix: str, problems: list[str]) -> None:
+    if not isinstance(node, dict):
+        problems.append(f"{prefix.rstrip('.')}: must be a mapping, got {node!r}")
+        return
+    for key in node:
+        if key not in schema:
+            problems.append(_unknown_key(prefix + str(key), list(schema), prefix))
+    for key, rule in schema.items():
+        path = prefix + key
+        if key not in node:
+            problems.append(f"{path}: missing (fix: add {path}=... ; see `fp8lab trial --cfg job`)")
+        elif isinstance(rule, dict):
+            _walk(node[key], rule, path + ".", problems)
+        else:
+            problem = _check_value(path, node[key], rule)
+            if problem:
+                problems.append(problem)
+
+
+def _unknown_key(path: str, known: list[str], prefix: str) -> str:
+    leaf = path[len(prefix):]
+    close = difflib.get_close_matches(leaf, known, n=1)
+    hint = f"did you mean {prefix}{close[0]}? " if close else ""
+    return f"{path}: unknown config key ({hint}known keys here: {', '.join(known)})"
+
+
+def _check_value(path: str, value: Any, rule: Rule) -> str | None:
+    if value is None:
+        return None if rule.nullable else f"{path}: must be {rule.allowed}, got null (fix: {path}={rule.example})"
+    ok_type = isinstance(value, rule.kinds) and not (isinstance(value, bool) and bool not in rule.kinds)
+    if not ok_type or (rule.check is not None and not rule.check(value)):
+        return f"{path}: must be {rule.allowed}, got {value!r} (fix: {path}={rule.example})"
+    return None
+
+
+def _check_axes(axes: Any, cfg: dict) -> list[str]:
+    """Each axis is a known group/key with a non-empty list of values; seeds are integers."""
+    if not isinstance(axes, dict):
+        return []
+    from orchestrator.matrix import flatten_axes  # local: matrix imports this module
+
+    problems = []
+    for key, values in flatten_axes(axes).items():
+        if not isinstance(values, list) or not values:
+            problems.append(f"sweep.axes.{key}: must be a non-empty list, got {values!r} (fix: sweep.axes.{key}=[a,b])")
+            continue
+        if _lookup(cfg, key) is _MISSING:
+            problems.append(f"sweep.axes.{key}: {key} is not a config key or group (fix: use a key printed by `fp8lab trial --cfg job`)")
+        if len(set(map(repr, values))) != len(values):
+            problems.append(f"sweep.axes.{key}: values repeat in {values!r} (fix: list each value once)")
+        if key == "seed":
+            bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or v < 0]
+            if bad:
+                problems.append(f"sweep.axes.seed: seeds must be integers >= 0, got {bad!r} (fix: sweep.axes.seed=[0,1])")
+    return problems
+
+
+_MISSING = object()
+
+
+def _lookup(cfg: dict, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node

@@ -1,0 +1,75 @@
+"""`fp8lab trial`: one trial in this process, as its own MLflow run, result JSON on disk.
+
+Same checks as a sweep (config, files, store) before the run is created; the run gets the same
+name, tags and params a sweep's child run would (without a parent).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from orchestrator import tracking
+from orchestrator.errors import UserInputError
+from orchestrator.matrix import TrialSpec, policy_label
+from orchestrator.params import flatten_params
+from orchestrator.trial_id import compute_trial_id
+
+
+def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    from workloads.entry import run  # the trial runs here: the training stack is needed anyway
+    from workloads.preflight import check_config
+
+    problems = check_config(config)
+    if problems:
+        raise UserInputError(problems)
+    uri = tracking.absolute_uri(config["tracking"]["uri"])
+    tracking.check_store(uri)
+    spec = TrialSpec(tuple(overrides), {}, config, compute_trial_id(config))
+    client = MlflowClient(uri)
+    experiment_id = tracking.ensure_experiment(client, config["sweep"]["name"], config["tracking"]["artifact_location"])
+    run_id = tracking.create_trial_run(client, experiment_id, spec, None, None, flatten_params(config))
+    print(f"trial {spec.run_name} ({spec.trial_id}) -> MLflow run {run_id} in {uri}", file=sys.stderr)
+    try:
+        result = run(config, spec.trial_id, run_id, uri, policy_label(config), _printer(config["train"]["steps"]))
+    except KeyboardInterrupt:
+        tracking.close_unfinished(client, [run_id], "KILLED", "interrupted")
+        return {"status": "KILLED"}
+    if config["trial"]["output"]:
+        write_json_atomic(Path(config["trial"]["output"]), result)
+    _print_result(result)
+    return result
+
+
+def _printer(total: int):
+    def progress(step: int, metrics: dict[str, float]) -> None:
+        print(f"  step {step}/{total}  loss {metrics['train/loss']:.4f}  {metrics['train/tokens_per_s']:.0f} tok/s",
+              file=sys.stderr, flush=True)
+    return progress
+
+
+def _print_result(result: dict[str, Any]) -> None:
+    metrics = result.get("metrics", {})
+    acc = metrics.get("eval/accuracy")
+    line = f"{result['status']}: {result['policy']} seed {result['seed']}"
+    if acc is not None:
+        line += f"  accuracy {acc:.3f} ± {metrics.get('eval/accuracy_stderr', float('nan')):.3f}"
+    if "train/tokens_per_s" in metrics:
+        line += f"  {metrics['train/tokens_per_s']:.0f} tokens/s"
+    if result.get("reason"):
+        line += f"  ({result['reason']})"
+    print(line)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write to a temp file in the same folder, then rename: readers never see half a file."""
+    path = path.expanduser()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=2, default=str)
+    os.replace(tmp, path)

@@ -1,0 +1,178 @@
+"""`fp8lab sweep`: expand, validate, dedupe, schedule on Ray, track in MLflow, report.
+
+Order matters: everything that can be wrong with the input is found (config, files, tracking
+store, cluster resources) before a single MLflow run is created, so bad input leaves nothing
+behind. An interrupt (Ctrl-C / SIGTERM) cancels the trials and marks their runs KILLED.
+"""
+from __future__ import annotations
+
+import hashlib
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+from rich.live import Live
+
+from orchestrator import progress as progress_mod
+from orchestrator import ray_runner, tracking
+from orchestrator.config_loader import compose_config, to_container
+from orchestrator.errors import UserInputError
+from orchestrator.matrix import TrialSpec, expand_sweep, policy_label, resolved_yaml
+from orchestrator.params import flatten_params
+from orchestrator.preflight import preflight
+from orchestrator.schema import validate_config
+
+
+@dataclass
+class SweepPlan:
+    config: dict[str, Any]
+    specs: list[TrialSpec]
+    sweep_id: str
+    tracking_uri: str
+    skipped: dict[str, str] = field(default_factory=dict)  # trial_id -> FINISHED run id
+
+    @property
+    def to_run(self) -> list[TrialSpec]:
+        return [s for s in self.specs if s.trial_id not in self.skipped]
+
+
+@dataclass
+class SweepOutcome:
+    plan: SweepPlan
+    results: dict[str, dict[str, Any]]
+    parent_run_id: str | None
+    makespan_s: float
+    slots: int
+    interrupted: bool = False
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the driver."""
+
+
+def plan_sweep(overrides: list[str], config_dir: str | None, force: bool, check_files: bool = True) -> SweepPlan:
+    """Compose + validate every cell and check the world; nothing is written."""
+    config = to_container(compose_config(overrides, config_dir))
+    problems = validate_config(config)
+    if problems:
+        raise UserInputError(problems)
+    specs = expand_sweep(overrides, config, config_dir)
+    if check_files:
+        preflight([s.config for s in specs])
+    uri = tracking.absolute_uri(config["tracking"]["uri"])
+    tracking.check_store(uri)
+    plan = SweepPlan(config, specs, sweep_id_for(config["sweep"]["name"], specs), uri)
+    if not force:
+        plan.skipped = _already_finished(uri, config["sweep"]["name"], specs)
+    return plan
+
+
+def sweep_id_for(name: str, specs: list[TrialSpec]) -> str:
+    """Same experiment + same set of trials = same sweep (so a rerun resumes it)."""
+    digest = hashlib.sha256((name + "|" + ",".join(sorted(s.trial_id for s in specs))).encode())
+    return digest.hexdigest()[:12]
+
+
+def _already_finished(uri: str, experiment_name: str, specs: list[TrialSpec]) -> dict[str, str]:
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    if experiment is None:
+        return {}
+    finished = tracking.finished_trials(client, experiment.experiment_id)
+    return {s.trial_id: finished[s.trial_id] for s in specs if s.trial_id in finished}
+
+
+def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
+    """Schedule the plan's trials on Ray, show live progress, return every result."""
+    cluster = plan.config["cluster"]
+    ray_runner.init_ray(cluster)
+    try:
+        ray_runner.check_resources(cluster)
+        return _execute(plan, console, cluster)
+    finally:
+        import ray
+
+        ray.shutdown()
+
+
+def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any]) -> SweepOutcome:
+    client = MlflowClient(plan.tracking_uri)
+    experiment_id = tracking.ensure_experiment(client, plan.config["sweep"]["name"], plan.config["tracking"]["artifact_location"])
+    parent = tracking.open_parent_run(client, experiment_id, plan.sweep_id, plan.config["sweep"]["name"], resolved_yaml(plan.config))
+    board = progress_mod.ProgressBoard.remote()
+    results: dict[str, dict[str, Any]] = {}
+    run_ids: dict[str, str] = {}
+    started = time.time()
+    interrupted = False
+    with _signals_raise_interrupt():
+        try:
+            refs = {}
+            for spec in plan.to_run:
+                run_ids[spec.trial_id] = tracking.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, flatten_params(spec.config))
+                launch = ray_runner.TrialLaunch(spec.config, spec.trial_id, run_ids[spec.trial_id], plan.tracking_uri, policy_label(spec.config))
+                refs[ray_runner.submit(launch, board, cluster, plan.config["sweep"]["max_retries"])] = spec.trial_id
+            _wait_with_table(plan, refs, board, results, console)
+        except (KeyboardInterrupt, Interrupted):
+            interrupted = True
+            _cancel(refs if "refs" in locals() else {})
+    makespan = time.time() - started
+    unfinished = [run_ids[t] for t in run_ids if t not in results]
+    _record_failures(client, run_ids, results)
+    tracking.close_unfinished(client, unfinished, "KILLED", "sweep interrupted" if interrupted else "no result")
+    tracking.finish_parent(client, parent, "KILLED" if interrupted else "FINISHED")
+    return SweepOutcome(plan, results, parent, makespan, ray_runner.parallel_slots(cluster), interrupted)
+
+
+def _wait_with_table(plan: SweepPlan, refs: dict, board: Any, results: dict, console: Any) -> None:
+    import ray
+
+    title = f"sweep {plan.sweep_id} — {len(plan.to_run)} trials ({len(plan.skipped)} already finished)"
+
+    def snapshot() -> dict:
+        return ray.get(board.snapshot.remote())
+
+    with Live(progress_mod.render_table(plan.to_run, {}, 0, title), console=console, refresh_per_second=2,
+              transient=False) as live:
+        def on_result(trial_id: str, result: dict[str, Any]) -> None:
+            results[trial_id] = result
+
+        def on_tick() -> None:
+            rows = snapshot()
+            for trial_id, result in results.items():
+                rows.setdefault(trial_id, {}).update(state=result["status"])
+            live.update(progress_mod.render_table(plan.to_run, rows, 0, title))
+
+        ray_runner.wait_all(refs, on_tick, on_result)
+
+
+def _cancel(refs: dict) -> None:
+    import ray
+
+    for ref in refs:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:  # noqa: BLE001 - already finished or gone
+            pass
+
+
+def _record_failures(client: MlflowClient, run_ids: dict[str, str], results: dict[str, dict[str, Any]]) -> None:
+    """A worker that died past its retries could not close its run: do it here with the reason."""
+    for trial_id, result in results.items():
+        if result["status"] == "FAILED":
+            tracking.close_unfinished(client, [run_ids[trial_id]], "FAILED", result.get("reason", ""))
+
+
+class _signals_raise_interrupt:
+    """SIGTERM behaves like Ctrl-C for the duration of the sweep."""
+
+    def __enter__(self) -> None:
+        self._old = signal.signal(signal.SIGTERM, self._raise)
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGTERM, self._old)
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        raise Interrupted(signum)

@@ -1,0 +1,143 @@
+"""Driver-side MLflow: experiments, the sweep's parent run, one child run per trial, dedupe.
+
+The driver creates every run (so names, nesting and tags are uniform and a retried trial
+writes into the run it was given instead of leaving an orphan) and closes any run a trial
+could not close (worker died, sweep interrupted).
+"""
+from __future__ import annotations
+
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from mlflow.entities import RunStatus, RunTag
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+from orchestrator.errors import UserInputError
+from orchestrator.matrix import TrialSpec
+
+TRIAL_ROLE, SWEEP_ROLE = "trial", "sweep"
+
+
+def check_store(uri: str, timeout_s: float = 5.0) -> None:
+    """Refuse early, with one line, when the tracking store cannot be reached or written."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("http", "https"):
+        try:
+            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).read()
+        except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UserInputError(f"tracking.uri: MLflow server {uri} is not reachable ({reason}) "
+                                 "(fix: start it, or use tracking.uri=sqlite:///mlflow.db)") from None
+    elif parsed.scheme == "sqlite":
+        folder = Path(uri.removeprefix("sqlite:///")).expanduser().resolve().parent
+        if not folder.is_dir():
+            raise UserInputError(f"tracking.uri: folder {folder} does not exist (fix: create it or point tracking.uri elsewhere)")
+        if not _writable(folder):
+            raise UserInputError(f"tracking.uri: folder {folder} is not writable (fix: choose a writable folder)")
+    elif parsed.scheme not in ("file", "") and parsed.scheme not in ("postgresql", "mysql", "databricks"):
+        raise UserInputError(f"tracking.uri: unsupported scheme '{parsed.scheme}' (fix: sqlite:///mlflow.db or http://host:port)")
+
+
+def _writable(folder: Path) -> bool:
+    probe = folder / f".fp8lab-write-probe-{time.time_ns()}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+        return True
+    except OSError:
+        return False
+
+
+def absolute_uri(uri: str) -> str:
+    """Trials run in other processes (and maybe other folders): make sqlite paths absolute."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).expanduser().resolve())
+    return uri
+
+
+def ensure_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    if experiment.lifecycle_stage == "deleted":
+        client.restore_experiment(experiment.experiment_id)
+    return experiment.experiment_id
+
+
+def find_parent(client: MlflowClient, experiment_id: str, sweep_id: str) -> str | None:
+    runs = client.search_runs([experiment_id], f"tags.`fp8lab.role` = '{SWEEP_ROLE}' and tags.`fp8lab.sweep_id` = '{sweep_id}'",
+                              max_results=1, order_by=["attributes.start_time DESC"])
+    return runs[0].info.run_id if runs else None
+
+
+def open_parent_run(client: MlflowClient, experiment_id: str, sweep_id: str, sweep_name: str, config_yaml: str) -> str:
+    """The sweep's parent run; rerunning the same sweep reopens it so all its trials stay together."""
+    run_id = find_parent(client, experiment_id, sweep_id)
+    if run_id is None:
+        tags = {MLFLOW_RUN_NAME: f"sweep-{sweep_id[:8]}", "fp8lab.role": SWEEP_ROLE,
+                "fp8lab.sweep_id": sweep_id, "fp8lab.sweep_name": sweep_name}
+        run_id = client.create_run(experiment_id, tags=tags, run_name=tags[MLFLOW_RUN_NAME]).info.run_id
+    else:
+        client.update_run(run_id, status="RUNNING")
+    client.log_text(run_id, config_yaml, "sweep/config.yaml")
+    return run_id
+
+
+def create_trial_run(client: MlflowClient, experiment_id: str, spec: TrialSpec, sweep_id: str | None,
+                     parent_run_id: str | None, params: dict[str, Any]) -> str:
+    """A child run for one trial, created SCHEDULED; the trial marks it RUNNING when it starts."""
+    tags = {
+        MLFLOW_RUN_NAME: spec.run_name, "fp8lab.role": TRIAL_ROLE, "fp8lab.trial_id": spec.trial_id,
+        "fp8lab.policy": spec.policy, "fp8lab.seed": str(spec.seed), "fp8lab.status": "SCHEDULED",
+        **{f"fp8lab.axis.{k}": str(v) for k, v in spec.extra_axes.items()},
+    }
+    if sweep_id:
+        tags["fp8lab.sweep_id"] = sweep_id
+    if parent_run_id:
+        tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
+    run_id = client.create_run(experiment_id, tags=tags, run_name=spec.run_name).info.run_id
+    _log_params(client, run_id, params)
+    client.update_run(run_id, status="SCHEDULED")
+    return run_id
+
+
+def _log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start : start + 100])
+
+
+def finished_trials(client: MlflowClient, experiment_id: str) -> dict[str, str]:
+    """trial_id -> run_id of every FINISHED trial (status tag FINISHED, not DIVERGED) in the experiment."""
+    found: dict[str, str] = {}
+    page_token = None
+    while True:
+        page = client.search_runs([experiment_id], f"tags.`fp8lab.role` = '{TRIAL_ROLE}' and tags.`fp8lab.status` = 'FINISHED'",
+                                  max_results=1000, page_token=page_token)
+        for run in page:
+            found.setdefault(run.data.tags["fp8lab.trial_id"], run.info.run_id)
+        page_token = page.token
+        if not page_token:
+            return found
+
+
+def close_unfinished(client: MlflowClient, run_ids: list[str], status: str, reason: str) -> None:
+    """Mark runs that never reached a terminal state (interrupt, dead worker) so none stays RUNNING."""
+    for run_id in run_ids:
+        run = client.get_run(run_id)
+        if run.info.status in ("RUNNING", "SCHEDULED"):
+            client.log_batch(run_id, tags=[RunTag("fp8lab.status", status if status != "KILLED" else "KILLED"),
+                                           RunTag("fp8lab.reason", reason)])
+            client.set_terminated(run_id, status)
+
+
+def finish_parent(client: MlflowClient, run_id: str, status: str = "FINISHED") -> None:
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.from_string(status)))

@@ -1,0 +1,45 @@
+"""Stable trial identity: a hash of the resolved config minus fields that do not change results.
+
+Two trials with the same id would produce the same result (up to hardware nondeterminism), so
+a sweep can skip a trial whose id already FINISHED. Key order never matters (sorted JSON).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+# Where a trial runs, how it is recorded and scheduled, and pure throughput knobs: none of these
+# change what the trial computes.
+NON_SEMANTIC_KEYS: tuple[str, ...] = (
+    "trial",
+    "tracking",
+    "cluster",
+    "sweep",
+    "report",
+    "train.num_threads",
+    "train.log_every",
+    "train.device",
+    "train.checkpoint_every",
+    "eval.batch_size",
+)
+
+
+def semantic_config(config: dict) -> dict:
+    """The config with non-semantic keys removed."""
+    pruned = copy.deepcopy(config)
+    for dotted in NON_SEMANTIC_KEYS:
+        *parents, leaf = dotted.split(".")
+        node: Any = pruned
+        for part in parents:
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return pruned
+
+
+def compute_trial_id(config: dict) -> str:
+    """16 hex chars of SHA-256 over the canonical JSON of the semantic config."""
+    canonical = json.dumps(semantic_config(config), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

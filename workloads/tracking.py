@@ -1,0 +1,119 @@
+"""MLflow logging for one trial, kept out of the training step.
+
+The trial never creates runs: the orchestrator creates the run (parent/child layout, names,
+tags) and hands over its id, so a retried or resumed trial writes into the run it was given.
+Metrics are buffered and written with `log_batch` (few writes, so parallel trials sharing a
+SQLite store rarely contend; MLflow also sets a 20 s SQLite busy timeout). A write that fails
+(locked database, server briefly down) is retried with back-off and the buffer is kept, so a
+short outage loses nothing; a long one fails the trial with a clear reason.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol, TypeVar
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_PARAM_LENGTH = 6000  # MLflow 3 limit is 6000 characters per param value
+
+
+class TrialLogger(Protocol):
+    """What the training code may call; an implementation decides where the numbers go."""
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> None: ...
+    def log_final(self, metrics: dict[str, float]) -> None: ...
+    def set_tags(self, tags: dict[str, Any]) -> None: ...
+    def log_params(self, params: dict[str, Any]) -> None: ...
+    def log_text(self, text: str, artifact_path: str) -> None: ...
+    def log_file(self, local_path: Path, artifact_dir: str) -> None: ...
+    def flush(self) -> None: ...
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking store stayed unreachable past the retry budget."""
+
+
+class MlflowTrialLogger:
+    """Buffered, retrying writer for one existing MLflow run."""
+
+    def __init__(self, tracking_uri: str, run_id: str, flush_every: int = 50, retry_s: float = 60.0):
+        self.client = MlflowClient(tracking_uri)
+        self.run_id = run_id
+        self.flush_every = flush_every
+        self.retry_s = retry_s
+        self._metrics: list[Metric] = []
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        now = int(time.time() * 1000)
+        self._metrics += [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        if len(self._metrics) >= self.flush_every:
+            self._try_flush()
+
+    def log_final(self, metrics: dict[str, float]) -> None:
+        self.log_step(0, metrics)
+        self.flush()
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        batch = [RunTag(k, str(v)) for k, v in tags.items()]
+        self._retry(lambda: self.client.log_batch(self.run_id, tags=batch))
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
+        for start in range(0, len(items), 100):  # MLflow caps a batch at 100 params
+            chunk = items[start : start + 100]
+            self._retry(lambda chunk=chunk: self.client.log_batch(self.run_id, params=chunk))
+
+    def log_text(self, text: str, artifact_path: str) -> None:
+        self._retry(lambda: self.client.log_text(self.run_id, text, artifact_path))
+
+    def log_dict(self, data: Any, artifact_path: str) -> None:
+        self.log_text(json.dumps(data, indent=2, default=str), artifact_path)
+
+    def log_file(self, local_path: Path, artifact_dir: str) -> None:
+        self._retry(lambda: self.client.log_artifact(self.run_id, str(local_path), artifact_dir))
+
+    def flush(self) -> None:
+        """Write everything buffered; raises TrackingUnavailable after the retry budget."""
+        while self._metrics:
+            chunk = self._metrics[:1000]  # MLflow caps a batch at 1000 metrics
+            self._retry(lambda chunk=chunk: self.client.log_batch(self.run_id, metrics=chunk))
+            self._metrics = self._metrics[len(chunk):]
+
+    def _try_flush(self) -> None:
+        """Mid-training flush: on failure keep the buffer and carry on training."""
+        try:
+            chunk = self._metrics[:1000]
+            self.client.log_batch(self.run_id, metrics=chunk)
+            self._metrics = self._metrics[len(chunk):]
+        except Exception as exc:  # noqa: BLE001 - any store error: keep buffering
+            log.warning("MLflow write failed (%s); %d metrics kept in memory, will retry", exc, len(self._metrics))
+
+    def _retry(self, call: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.5
+        while True:
+            try:
+                return call()
+            except Exception as exc:  # noqa: BLE001 - store errors come in many types
+                if time.monotonic() > deadline:
+                    raise TrackingUnavailable(f"MLflow store unreachable for {self.retry_s:.0f}s: {exc}") from exc
+                log.warning("MLflow write failed (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 8.0)
+
+
+def write_parquet(rows: list[dict[str, Any]], columns: list[str]) -> Path:
+    """Telemetry rows -> a Parquet file in a temp folder (caller logs it as an artifact)."""
+    import pandas as pd
+
+    path = Path(tempfile.mkdtemp(prefix="fp8lab-telemetry-")) / "telemetry.parquet"
+    pd.DataFrame(rows, columns=columns).to_parquet(path, index=False)
+    return path

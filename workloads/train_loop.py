@@ -1,0 +1,133 @@
+"""The LoRA training loop. `train_step` is the whole step and holds no bookkeeping; `run_training`
+around it decides when to sync, log, report progress and stop.
+
+Sync points (device -> host) are marked `# SYNC:`; there is at most one per logged step: the
+loss, grad norm, divergence flag and telemetry travel together in `telemetry.end_step`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+from transformers import get_cosine_schedule_with_warmup
+
+ProgressFn = Callable[[int, dict[str, float]], None]
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    steps: int
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    grad_clip: float | None
+    log_every: int
+    telemetry_every: int | None  # None = telemetry off
+
+
+@dataclass
+class TrainResult:
+    status: str = "FINISHED"  # FINISHED | DIVERGED
+    steps_done: int = 0
+    final_loss: float = math.nan
+    tokens: int = 0
+    wall_s: float = 0.0
+    diverged_step: int | None = None
+    underflow_events: int = 0
+    telemetry_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def train_step(model: Any, batch: dict[str, torch.Tensor], handle: Any, optimizer: torch.optim.Optimizer,
+               scheduler: Any, params: list[torch.nn.Parameter], clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step under the precision policy; returns (loss, LoRA grad norm) on device."""
+    loss = model(**batch).loss
+    handle.scale_loss(loss).backward()
+    stepped = handle.prepare_step(optimizer)  # unscale, policy's FP8 gradient hop, overflow check
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+    if stepped:
+        optimizer.step()
+        handle.after_step()  # e.g. fp8_naive rounds LoRA weights back into FP8 storage
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach(), grad_norm.detach()
+
+
+def make_optimizer(params: list[torch.nn.Parameter], settings: LoopSettings) -> tuple[torch.optim.Optimizer, Any]:
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, settings.warmup_steps, settings.steps)
+    return optimizer, scheduler
+
+
+def lora_weight_std(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Mean std of LoRA matrices: the collapse detector of SOURCES.md §1 (on device)."""
+    return torch.stack([p.detach().float().std() for p in params if p.dim() == 2]).mean()
+
+
+def run_training(model: Any, handle: Any, telemetry: Any, batches: Iterable[dict[str, torch.Tensor]],
+                 settings: LoopSettings, logger: Any, progress: ProgressFn | None = None,
+                 start_step: int = 0, on_step_end: Callable[[int], None] | None = None) -> TrainResult:
+    """Train for `settings.steps`, logging every `log_every` steps; stop early on divergence."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scheduler = make_optimizer(params, settings)
+    result = TrainResult(steps_done=start_step)
+    clip = settings.grad_clip if settings.grad_clip is not None else math.inf
+    first_bad = torch.tensor(-1, device=_device(model))  # step of the first non-finite loss
+    window_tokens, window_start, started = 0, time.perf_counter(), time.perf_counter()
+    for step, batch in enumerate(batches, start=start_step + 1):
+        record = settings.telemetry_every is not None and step % settings.telemetry_every == 0
+        telemetry.begin_step(step, record)
+        n_tokens = int(batch["attention_mask"].sum())  # batches are built on the host: no sync
+        batch = {k: v.to(_device(model)) for k, v in batch.items()}
+        loss, grad_norm = train_step(model, batch, handle, optimizer, scheduler, params, clip)
+        first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss), step, first_bad)
+        window_tokens += n_tokens
+        result.tokens += n_tokens
+        result.steps_done = step
+        if record:
+            telemetry.record_lora(model)
+        if step % settings.log_every == 0 or step == settings.steps or record:
+            extras = {"loss": loss, "grad_norm": grad_norm, "first_bad": first_bad, "lora_std": lora_weight_std(params)}
+            report = telemetry.end_step(extras)  # SYNC: the one transfer of this step
+            now = time.perf_counter()
+            metrics = _step_metrics(report, optimizer, handle, window_tokens / max(now - window_start, 1e-9))
+            window_tokens, window_start = 0, now
+            result.final_loss = metrics["train/loss"]
+            result.telemetry_rows += report.rows
+            result.underflow_events = int(report.events_total)
+            logger.log_step(step, metrics)
+            if progress:
+                progress(step, metrics)
+            if report.extras["first_bad"] >= 0:
+                result.status, result.diverged_step = "DIVERGED", int(report.extras["first_bad"])
+                break
+        if on_step_end:
+            on_step_end(step)
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def _step_metrics(report: Any, optimizer: torch.optim.Optimizer, handle: Any, tokens_per_s: float) -> dict[str, float]:
+    extras = report.extras
+    metrics = {
+        "train/loss": extras["loss"],
+        "train/grad_norm": extras["grad_norm"],
+        "train/lora_weight_std": extras["lora_std"],
+        "train/lr": optimizer.param_groups[0]["lr"],
+        "train/tokens_per_s": tokens_per_s,
+        "underflow/events": float(report.events_total),
+        **report.aggregates,
+    }
+    if handle.loss_scale is not None:
+        metrics["fp8/loss_scale"] = float(handle.loss_scale)
+    return metrics
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.parameters()).device

@@ -1,0 +1,212 @@
+"""One trial, top to bottom: load -> LoRA -> precision policy -> calibrate -> train -> evaluate
+-> record. Every outcome is a result (FINISHED, DIVERGED or FAILED with a reason), never a crash.
+
+The orchestrator created the MLflow run; this module fills it and closes it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workloads import data as data_mod
+from workloads.embedded.paths import embedded_paths
+from workloads.evaluate import evaluate_model
+from workloads.memory import PeakMemory
+from workloads.model_loading import attach_lora, load_base_model
+from workloads.precision.apply import apply_policy
+from workloads.precision.policy import get_policy
+from workloads.precision.telemetry import Fp8Telemetry
+from workloads.tracking import MlflowTrialLogger, write_parquet
+from workloads.train_loop import LoopSettings, ProgressFn, TrainResult, run_training
+
+log = logging.getLogger("fp8lab.trial")
+
+TELEMETRY_COLUMNS = ["step", "layer", "kind", "underflow_pct", "overflow_pct", "amax",
+                     "scale_inv_min", "scale_inv_max", "mse", "nonfinite", "numel"]
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """Who this trial is and where it reports (given by the orchestrator)."""
+
+    trial_id: str
+    run_id: str
+    tracking_uri: str
+    policy_label: str
+
+
+def run_trial(config: dict[str, Any], ctx: TrialContext, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Run one trial and return the result dict of DESIGN.md §4 (also logged as result.json)."""
+    logger = MlflowTrialLogger(ctx.tracking_uri, ctx.run_id)
+    log_path, handler = _capture_log()
+    result = _result_skeleton(config, ctx)
+    try:
+        _run(config, ctx, logger, result, progress)
+    except Exception as exc:  # noqa: BLE001 - any failure becomes a FAILED result
+        log.error("trial failed:\n%s", traceback.format_exc())
+        result.update(status="FAILED", reason=f"{type(exc).__name__}: {exc}")
+    finally:
+        logging.getLogger().removeHandler(handler)
+        _close_run(logger, result, log_path)
+    return result
+
+
+def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
+         result: dict[str, Any], progress: ProgressFn | None) -> None:
+    device = _setup_runtime(config)
+    result["device"] = _device_name(device)
+    paths = embedded_paths()
+    memory = PeakMemory(device)
+    model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
+    train_data = _training_data(config, tokenizer, paths.task_data_dir)
+    model = attach_lora(model, config["lora"], config["seed"])
+    policy = get_policy(config["precision"]["policy"]).with_switches(**(config["precision"]["switches"] or {}))
+    tele_cfg = config["precision"]["telemetry"]
+    telemetry = Fp8Telemetry(underflow_threshold_pct=tele_cfg["underflow_threshold_pct"])
+    handle = apply_policy(model, policy, telemetry)
+    result.update(backend=handle.backend, emulated=bool(handle.emulated))
+    _log_setup(logger, config, result, handle, policy)
+    settings = _loop_settings(config)
+    batches = data_mod.batches(train_data, settings_batch(config), settings.steps, config["seed"])
+    calib = list(data_mod.batches(train_data, settings_batch(config), policy.calibration_steps, config["seed"] + 1))
+    handle.calibrate(lambda b: model(**{k: v.to(device) for k, v in b.items()}), calib)
+    model.train()
+    train = run_training(model, handle, telemetry, batches, settings, logger, progress)
+    metrics = _train_metrics(train, memory, handle)
+    if train.status == "DIVERGED":
+        result.update(status="DIVERGED", reason=f"non-finite loss at step {train.diverged_step}",
+                      diverged_step=train.diverged_step)
+    else:
+        metrics.update(_evaluate(model, tokenizer, config, device))
+    result["metrics"] = metrics
+    logger.log_final(metrics)
+    _log_telemetry(logger, train)
+
+
+def settings_batch(config: dict[str, Any]) -> int:
+    return int(config["train"]["batch_size"])
+
+
+def _setup_runtime(config: dict[str, Any]) -> torch.device:
+    """Threads, seeds and device in one place (like nanoGPT's single setup block)."""
+    threads = config["train"].get("num_threads") or int(os.environ.get("OMP_NUM_THREADS", 0)) or None
+    if threads:
+        torch.set_num_threads(int(threads))
+    torch.manual_seed(config["seed"])
+    wanted = config["train"]["device"]
+    if wanted == "cuda" or (wanted == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", 0)  # Ray's CUDA_VISIBLE_DEVICES makes the assigned GPU cuda:0
+    return torch.device("cpu")
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{device.index or 0} {torch.cuda.get_device_name(device)}"
+    return "cpu"
+
+
+def _training_data(config: dict[str, Any], tokenizer: Any, embedded_dir: Path) -> data_mod.TokenizedData:
+    examples = data_mod.load_examples(config["data"], embedded_dir)
+    log.info("loaded %d training examples", len(examples))
+    return data_mod.tokenize_examples(examples, tokenizer, config["train"]["max_seq_len"], config["data"]["target_delimiter"])
+
+
+def _loop_settings(config: dict[str, Any]) -> LoopSettings:
+    train, tele = config["train"], config["precision"]["telemetry"]
+    return LoopSettings(
+        steps=train["steps"], lr=train["lr"], weight_decay=train["weight_decay"],
+        warmup_steps=train["warmup_steps"], grad_clip=train["grad_clip"], log_every=train["log_every"],
+        telemetry_every=tele["every"] if tele["enabled"] else None,
+    )
+
+
+def _log_setup(logger: MlflowTrialLogger, config: dict[str, Any], result: dict[str, Any], handle: Any, policy: Any) -> None:
+    from omegaconf import OmegaConf
+
+    logger.set_tags({"fp8lab.backend": handle.backend, "fp8lab.emulated": str(bool(handle.emulated)).lower(),
+                     "fp8lab.device": result["device"], "fp8lab.policy_version": policy.version,
+                     "fp8lab.ablation": getattr(policy, "ablation", "") or ""})
+    logger.log_text(OmegaConf.to_yaml(OmegaConf.create(config)), "config/resolved.yaml")
+    logger.log_dict({"policy": policy.to_dict(), "plan": handle.plan}, "precision/plan.json")
+
+
+def _train_metrics(train: TrainResult, memory: PeakMemory, handle: Any) -> dict[str, float]:
+    return {
+        "train/tokens_per_s": train.tokens_per_s,
+        "train/final_loss": train.final_loss,
+        "train/wall_s": train.wall_s,
+        "train/steps_done": float(train.steps_done),
+        "underflow/events": float(train.underflow_events),
+        "memory/peak_bytes": float(memory.peak_bytes()),
+        "memory/base_weight_bytes": float(handle.base_weight_bytes()),
+    }
+
+
+def _evaluate(model: Any, tokenizer: Any, config: dict[str, Any], device: torch.device) -> dict[str, float]:
+    ev, data = config["eval"], config["data"]
+    started = time.perf_counter()
+    model.eval()
+    with torch.no_grad():
+        out = evaluate_model(
+            model, tokenizer, task=ev["task"],
+            data_dir=None if data["path"] == "embedded" else data["path"],
+            include_path=ev["include_path"], limit=ev["limit"], batch_size=ev["batch_size"],
+            num_fewshot=ev["num_fewshot"], device=str(device),
+        )
+    return {"eval/accuracy": out["accuracy"], "eval/accuracy_stderr": out["accuracy_stderr"],
+            "eval/n": float(out["n"]), "eval/wall_s": time.perf_counter() - started}
+
+
+def _log_telemetry(logger: MlflowTrialLogger, train: TrainResult) -> None:
+    if train.telemetry_rows:
+        logger.log_file(write_parquet(train.telemetry_rows, TELEMETRY_COLUMNS), "telemetry")
+
+
+def _result_skeleton(config: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
+    return {"trial_id": ctx.trial_id, "policy": ctx.policy_label, "seed": config["seed"], "status": "FINISHED",
+            "reason": "", "backend": config["precision"]["backend"], "device": "unknown", "emulated": True,
+            "mlflow_run_id": ctx.run_id, "metrics": {}}
+
+
+def _capture_log() -> tuple[Path, logging.Handler]:
+    """Everything logged during the trial also goes to a file logged as logs/trial.log."""
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fp8lab-trial-{os.getpid()}-{time.time_ns()}.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+    return path, handler
+
+
+def _close_run(logger: MlflowTrialLogger, result: dict[str, Any], log_path: Path) -> None:
+    """Tags, result.json, the log file and the run's terminal status; best effort when the
+    store is down (the orchestrator then records the failure from the returned result)."""
+    status = "FAILED" if result["status"] == "FAILED" else "FINISHED"
+    try:
+        tags = {"fp8lab.status": result["status"], "fp8lab.reason": result["reason"][:5000]}
+        if result.get("diverged_step") is not None:
+            tags["fp8lab.diverged_step"] = result["diverged_step"]
+        logger.flush()
+        logger.set_tags(tags)
+        logger.log_text(json.dumps(result, indent=2, default=str), "result.json")
+        if log_path.exists():
+            logger.log_file(log_path, "logs")
+        logger.client.set_terminated(ctx_run_id(result), status)
+    except Exception as exc:  # noqa: BLE001
+        result.update(status="FAILED", reason=result["reason"] or f"tracking store unavailable: {exc}")
+        log.error("could not finish MLflow run: %s", exc)
+    finally:
+        log_path.unlink(missing_ok=True)
+
+
+def ctx_run_id(result: dict[str, Any]) -> str:
+    return result["mlflow_run_id"]
