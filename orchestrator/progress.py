@@ -73,4 +73,6 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def console() -> Console:
-    return Console(stderr=False, highlight=False)
+    """A terminal gets its own width; logs and pipes get wide tables instead of wrapped ones."""
+    probe = Console()
+    return Console(highlight=False, width=None if probe.is_terminal else 160)

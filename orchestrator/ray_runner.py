@@ -8,6 +8,7 @@ fresh worker process (`max_calls=1`): clean memory figures and no state shared b
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -30,8 +31,14 @@ class TrialLaunch:
 
 
 def init_ray(cluster: dict[str, Any]) -> None:
-    """Start a local Ray (token auth on, dashboard on 127.0.0.1 only) or join `cluster.address`."""
-    os.environ.setdefault("RAY_AUTH_MODE", "token")  # never weaker than Ray's own default
+    """Start a local Ray or join `cluster.address`.
+
+    A local Ray (2.59+) turns token authentication on by itself; we never switch it off, and
+    say so loudly if the environment did. The dashboard is off by default and binds 127.0.0.1.
+    """
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        print("fp8lab: warning: RAY_AUTH_MODE=disabled in your environment: Ray's token authentication is off",
+              file=sys.stderr)
     common = dict(log_to_driver=False, configure_logging=False, ignore_reinit_error=True)
     if cluster["address"]:
         try:

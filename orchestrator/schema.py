@@ -82,9 +82,9 @@ SCHEMA: dict[str, Any] = {
         },
     },
     "train": {
-        "steps": _int("an integer >= 1", "300", lo=1),
+        "steps": _int("an integer >= 1", "400", lo=1),
         "batch_size": _int("an integer >= 1", "16", lo=1),
-        "max_seq_len": _int("an integer >= 8", "64", lo=8),
+        "max_seq_len": _int("an integer >= 8", "32", lo=8),
         "lr": _pos_float("2e-4", upper=1.0),
         "weight_decay": _nonneg_float("0.0"),
         "warmup_steps": _int("an integer >= 0", "20", lo=0),
@@ -121,6 +121,11 @@ SCHEMA: dict[str, Any] = {
         "axes": _OPEN_DICT,
         "max_retries": _int("an integer >= 0", "1", lo=0),
         "report": _BOOL,
+    },
+    "fault": {
+        "kind": _choice("nan_weights", "raise", "kill", nullable=True),
+        "step": _int("an integer >= 1", "1", lo=1),
+        "once_file": _str("/tmp/fp8lab-fault-once", nullable=True),
     },
     "report": {
         "gpu_hour_price": _nonneg_float("2.5"),

@@ -22,6 +22,7 @@ from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec
 
 TRIAL_ROLE, SWEEP_ROLE = "trial", "sweep"
+COMPLETE = ("FINISHED", "DIVERGED")  # trial statuses that are a result; FAILED/KILLED are rerun
 
 
 def check_store(uri: str, timeout_s: float = 5.0) -> None:
@@ -116,14 +117,16 @@ def _log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> No
 
 
 def finished_trials(client: MlflowClient, experiment_id: str) -> dict[str, str]:
-    """trial_id -> run_id of every FINISHED trial (status tag FINISHED, not DIVERGED) in the experiment."""
+    """trial_id -> run_id of every trial with a complete result (FINISHED or DIVERGED: a rerun of a
+    diverged config diverges again) in the experiment. FAILED and KILLED trials are rerun."""
     found: dict[str, str] = {}
     page_token = None
     while True:
-        page = client.search_runs([experiment_id], f"tags.`fp8lab.role` = '{TRIAL_ROLE}' and tags.`fp8lab.status` = 'FINISHED'",
+        page = client.search_runs([experiment_id], f"tags.`fp8lab.role` = '{TRIAL_ROLE}'",  # MLflow has no IN for tags
                                   max_results=1000, page_token=page_token)
         for run in page:
-            found.setdefault(run.data.tags["fp8lab.trial_id"], run.info.run_id)
+            if run.data.tags.get("fp8lab.status") in COMPLETE:
+                found.setdefault(run.data.tags["fp8lab.trial_id"], run.info.run_id)
         page_token = page.token
         if not page_token:
             return found

@@ -49,7 +49,7 @@ def train_step(model: Any, batch: dict[str, torch.Tensor], handle: Any, optimize
     """One optimizer step under the precision policy; returns (loss, LoRA grad norm) on device."""
     loss = model(**batch).loss
     handle.scale_loss(loss).backward()
-    stepped = handle.prepare_step(optimizer)  # unscale, policy's FP8 gradient hop, overflow check
+    stepped = handle.prepare_step(optimizer)  # FP8 gradient hop, unscale, overflow check, LoRA telemetry
     grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
     if stepped:
         optimizer.step()
@@ -72,7 +72,8 @@ def lora_weight_std(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 def run_training(model: Any, handle: Any, telemetry: Any, batches: Iterable[dict[str, torch.Tensor]],
                  settings: LoopSettings, logger: Any, progress: ProgressFn | None = None,
-                 start_step: int = 0, on_step_end: Callable[[int], None] | None = None) -> TrainResult:
+                 start_step: int = 0, before_step: Callable[[int, list[torch.nn.Parameter]], None] | None = None,
+                 on_step_end: Callable[[int], None] | None = None) -> TrainResult:
     """Train for `settings.steps`, logging every `log_every` steps; stop early on divergence."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(params, settings)
@@ -83,6 +84,8 @@ def run_training(model: Any, handle: Any, telemetry: Any, batches: Iterable[dict
     for step, batch in enumerate(batches, start=start_step + 1):
         record = settings.telemetry_every is not None and step % settings.telemetry_every == 0
         telemetry.begin_step(step, record)
+        if before_step:
+            before_step(step, params)
         n_tokens = int(batch["attention_mask"].sum())  # batches are built on the host: no sync
         batch = {k: v.to(_device(model)) for k, v in batch.items()}
         loss, grad_norm = train_step(model, batch, handle, optimizer, scheduler, params, clip)
@@ -90,22 +93,22 @@ def run_training(model: Any, handle: Any, telemetry: Any, batches: Iterable[dict
         window_tokens += n_tokens
         result.tokens += n_tokens
         result.steps_done = step
-        if record:
-            telemetry.record_lora(model)
         if step % settings.log_every == 0 or step == settings.steps or record:
             extras = {"loss": loss, "grad_norm": grad_norm, "first_bad": first_bad, "lora_std": lora_weight_std(params)}
-            report = telemetry.end_step(extras)  # SYNC: the one transfer of this step
+            report = telemetry.end_step(extras)  # SYNC: the one transfer of this step (None if not recording)
+            values = report.metrics if report else _sync_scalars(extras)
             now = time.perf_counter()
-            metrics = _step_metrics(report, optimizer, handle, window_tokens / max(now - window_start, 1e-9))
+            metrics = _step_metrics(values, optimizer, handle, window_tokens / max(now - window_start, 1e-9))
             window_tokens, window_start = 0, now
             result.final_loss = metrics["train/loss"]
-            result.telemetry_rows += report.rows
-            result.underflow_events = int(report.events_total)
+            if report:
+                result.telemetry_rows += report.rows
+                result.underflow_events = int(report.metrics["underflow/events"])
             logger.log_step(step, metrics)
             if progress:
                 progress(step, metrics)
-            if report.extras["first_bad"] >= 0:
-                result.status, result.diverged_step = "DIVERGED", int(report.extras["first_bad"])
+            if values["first_bad"] >= 0:
+                result.status, result.diverged_step = "DIVERGED", int(values["first_bad"])
                 break
         if on_step_end:
             on_step_end(step)
@@ -113,17 +116,23 @@ def run_training(model: Any, handle: Any, telemetry: Any, batches: Iterable[dict
     return result
 
 
-def _step_metrics(report: Any, optimizer: torch.optim.Optimizer, handle: Any, tokens_per_s: float) -> dict[str, float]:
-    extras = report.extras
-    metrics = {
-        "train/loss": extras["loss"],
-        "train/grad_norm": extras["grad_norm"],
-        "train/lora_weight_std": extras["lora_std"],
+def _sync_scalars(extras: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Steps without telemetry still log: the scalars travel in one transfer."""
+    values = torch.stack([v.detach().float().reshape(()) for v in extras.values()]).tolist()  # SYNC: one transfer
+    return dict(zip(extras, values))
+
+
+def _step_metrics(values: dict[str, float], optimizer: torch.optim.Optimizer, handle: Any,
+                  tokens_per_s: float) -> dict[str, float]:
+    """MLflow names (docs/contracts.md) for one logged step."""
+    metrics = {k: v for k, v in values.items() if "/" in k}  # telemetry aggregates, if recorded
+    metrics.update({
+        "train/loss": values["loss"],
+        "train/grad_norm": values["grad_norm"],
+        "train/lora_weight_std": values["lora_std"],
         "train/lr": optimizer.param_groups[0]["lr"],
         "train/tokens_per_s": tokens_per_s,
-        "underflow/events": float(report.events_total),
-        **report.aggregates,
-    }
+    })
     if handle.loss_scale is not None:
         metrics["fp8/loss_scale"] = float(handle.loss_scale)
     return metrics

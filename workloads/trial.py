@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -17,8 +18,8 @@ from typing import Any
 import torch
 
 from workloads import data as data_mod
-from workloads.embedded.paths import embedded_paths
-from workloads.evaluate import evaluate_model
+from workloads.evaluate import embedded_paths, evaluate_model
+from workloads.faults import FaultInjector
 from workloads.memory import PeakMemory
 from workloads.model_loading import attach_lora, load_base_model
 from workloads.precision.apply import apply_policy
@@ -30,7 +31,7 @@ from workloads.train_loop import LoopSettings, ProgressFn, TrainResult, run_trai
 log = logging.getLogger("fp8lab.trial")
 
 TELEMETRY_COLUMNS = ["step", "layer", "kind", "underflow_pct", "overflow_pct", "amax",
-                     "scale_inv_min", "scale_inv_max", "mse", "nonfinite", "numel"]
+                     "scale_inv_min", "scale_inv_max", "mse", "nonfinite", "numel", "value"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ def run_trial(config: dict[str, Any], ctx: TrialContext, progress: ProgressFn | 
     log_path, handler = _capture_log()
     result = _result_skeleton(config, ctx)
     try:
+        logger.client.update_run(ctx.run_id, status="RUNNING")
+        logger.set_tags({"fp8lab.status": "RUNNING"})
         _run(config, ctx, logger, result, progress)
     except Exception as exc:  # noqa: BLE001 - any failure becomes a FAILED result
         log.error("trial failed:\n%s", traceback.format_exc())
@@ -66,7 +69,7 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     paths = embedded_paths()
     memory = PeakMemory(device)
     model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
-    train_data = _training_data(config, tokenizer, paths.task_data_dir)
+    train_data = _training_data(config, tokenizer, paths.data_dir)
     model = attach_lora(model, config["lora"], config["seed"])
     policy = get_policy(config["precision"]["policy"]).with_switches(**(config["precision"]["switches"] or {}))
     tele_cfg = config["precision"]["telemetry"]
@@ -79,7 +82,8 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     calib = list(data_mod.batches(train_data, settings_batch(config), policy.calibration_steps, config["seed"] + 1))
     handle.calibrate(lambda b: model(**{k: v.to(device) for k, v in b.items()}), calib)
     model.train()
-    train = run_training(model, handle, telemetry, batches, settings, logger, progress)
+    faults = FaultInjector(config.get("fault"))
+    train = run_training(model, handle, telemetry, batches, settings, logger, progress, before_step=faults.before_step)
     metrics = _train_metrics(train, memory, handle)
     if train.status == "DIVERGED":
         result.update(status="DIVERGED", reason=f"non-finite loss at step {train.diverged_step}",
@@ -133,7 +137,8 @@ def _log_setup(logger: MlflowTrialLogger, config: dict[str, Any], result: dict[s
 
     logger.set_tags({"fp8lab.backend": handle.backend, "fp8lab.emulated": str(bool(handle.emulated)).lower(),
                      "fp8lab.device": result["device"], "fp8lab.policy_version": policy.version,
-                     "fp8lab.ablation": getattr(policy, "ablation", "") or ""})
+                     "fp8lab.ablation": getattr(policy, "ablation", "") or "",
+                     "fp8lab.cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")})
     logger.log_text(OmegaConf.to_yaml(OmegaConf.create(config)), "config/resolved.yaml")
     logger.log_dict({"policy": policy.to_dict(), "plan": handle.plan}, "precision/plan.json")
 
@@ -157,12 +162,20 @@ def _evaluate(model: Any, tokenizer: Any, config: dict[str, Any], device: torch.
     with torch.no_grad():
         out = evaluate_model(
             model, tokenizer, task=ev["task"],
-            data_dir=None if data["path"] == "embedded" else data["path"],
+            data_dir=_eval_data_dir(data["path"], ev["task"]),
             include_path=ev["include_path"], limit=ev["limit"], batch_size=ev["batch_size"],
             num_fewshot=ev["num_fewshot"], device=str(device),
         )
     return {"eval/accuracy": out["accuracy"], "eval/accuracy_stderr": out["accuracy_stderr"],
             "eval/n": float(out["n"]), "eval/wall_s": time.perf_counter() - started}
+
+
+def _eval_data_dir(data_path: str, task: str) -> str | None:
+    """The embedded task template scores a user's own JSONL folder (its test.jsonl); any other
+    task brings its own data."""
+    if task == "fp8lab_embedded" and data_path != "embedded" and Path(data_path).expanduser().is_dir():
+        return str(Path(data_path).expanduser())
+    return None
 
 
 def _log_telemetry(logger: MlflowTrialLogger, train: TrainResult) -> None:
@@ -178,7 +191,7 @@ def _result_skeleton(config: dict[str, Any], ctx: TrialContext) -> dict[str, Any
 
 def _capture_log() -> tuple[Path, logging.Handler]:
     """Everything logged during the trial also goes to a file logged as logs/trial.log."""
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fp8lab-trial-{os.getpid()}-{time.time_ns()}.log"
+    path = Path(tempfile.mkdtemp(prefix="fp8lab-trial-")) / "trial.log"
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
@@ -200,13 +213,9 @@ def _close_run(logger: MlflowTrialLogger, result: dict[str, Any], log_path: Path
         logger.log_text(json.dumps(result, indent=2, default=str), "result.json")
         if log_path.exists():
             logger.log_file(log_path, "logs")
-        logger.client.set_terminated(ctx_run_id(result), status)
+        logger.client.set_terminated(result["mlflow_run_id"], status)
     except Exception as exc:  # noqa: BLE001
         result.update(status="FAILED", reason=result["reason"] or f"tracking store unavailable: {exc}")
         log.error("could not finish MLflow run: %s", exc)
     finally:
         log_path.unlink(missing_ok=True)
-
-
-def ctx_run_id(result: dict[str, Any]) -> str:
-    return result["mlflow_run_id"]

@@ -42,7 +42,11 @@ def test_finished_trials_and_closing_unfinished(store: str) -> None:
     client.set_tag(done, "fp8lab.status", "FINISHED")
     client.set_terminated(done, "FINISHED")
     pending = tracking.create_trial_run(client, exp, specs[1], "s", None, {})
-    assert tracking.finished_trials(client, exp) == {specs[0].trial_id: done}
+    diverged = tracking.create_trial_run(client, exp, specs[2], "s", None, {})
+    client.set_tag(diverged, "fp8lab.status", "DIVERGED")
+    failed = tracking.create_trial_run(client, exp, specs[3], "s", None, {})
+    client.set_tag(failed, "fp8lab.status", "FAILED")
+    assert tracking.finished_trials(client, exp) == {specs[0].trial_id: done, specs[2].trial_id: diverged}
     tracking.close_unfinished(client, [pending, done], "KILLED", "sweep interrupted")
     assert client.get_run(pending).info.status == "KILLED"
     assert client.get_run(pending).data.tags["fp8lab.reason"] == "sweep interrupted"
