@@ -1,0 +1,147 @@
+"""apply_policy on a tiny random Llama + PEFT LoRA, for every registered policy."""
+
+import json
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from peft.tuners.lora import LoraLayer
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from workloads.precision.apply import apply_policy
+from workloads.precision.formats import E4M3, E5M2, saturating_cast
+from workloads.precision.linear import Fp8BaseLinear, Fp8LoraLinear, LoraComputeLinear
+from workloads.precision.policy import available_policies, get_policy
+from workloads.precision.telemetry import Fp8Telemetry
+
+
+def tiny_lora_model(seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=100, max_position_embeddings=64,
+    )  # fmt: skip
+    return get_peft_model(
+        LlamaForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+    )
+
+
+def batch(seed: int) -> torch.Tensor:
+    return torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(seed))
+
+
+def train(model, handle, tel, steps: int = 2, lr: float = 1e-2):
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    outputs = []
+    for step in range(steps):
+        tel.begin_step(step, record=True)
+        ids = batch(step)
+        loss = model(input_ids=ids, labels=ids).loss
+        handle.scale_loss(loss).backward()
+        if handle.prepare_step(opt):
+            opt.step()
+            handle.after_step()
+        opt.zero_grad(set_to_none=True)
+        outputs.append(tel.end_step({"train/loss": loss.detach()}))
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def bf16_base_bytes() -> int:
+    return apply_policy(tiny_lora_model(), "bf16").base_weight_bytes()
+
+
+@pytest.mark.parametrize("name", available_policies())
+def test_policy_trains_only_lora_and_stores_what_it_says(name, bf16_base_bytes):
+    policy = get_policy(name)
+    model = tiny_lora_model()
+    tel = Fp8Telemetry()
+    handle = apply_policy(model, name, tel)
+    frozen_before = {
+        k: v.detach().clone() for k, v in model.state_dict().items() if "lora_" not in k
+    }
+    lora_before = {k: v.detach().clone() for k, v in handle.lora_params.items()}
+
+    calibrated = handle.calibrate(lambda b: model(input_ids=b), [batch(100 + i) for i in range(3)])
+    assert calibrated == (min(3, policy.calibration_steps) if policy.uses_delayed_scaling else 0)
+    outs = train(model, handle, tel)
+
+    assert all(torch.isfinite(torch.tensor(o.metrics["train/loss"])) for o in outs)
+    # Only LoRA parameters train; everything else is bit-identical.
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in frozen_before.items())
+    assert any(not torch.equal(handle.lora_params[k], v) for k, v in lora_before.items())
+    assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    assert all(p.dtype == torch.float32 for p in handle.lora_params.values())
+
+    # Base weights are float8 exactly where the policy says, and PEFT still routes through them.
+    lora_layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    assert lora_layers
+    for layer in lora_layers:
+        base = layer.base_layer
+        if policy.base_fp8:
+            assert isinstance(base, Fp8BaseLinear)
+            assert (base.weight_fp8.dtype == torch.float8_e4m3fn) == (
+                policy.base_weight.fmt == "e4m3"
+            )
+        else:
+            assert isinstance(base, torch.nn.Linear) and base.weight.dtype == torch.bfloat16
+        lora_cls = Fp8LoraLinear if policy.lora_gemm == "fp8" else LoraComputeLinear
+        assert all(isinstance(m, lora_cls) for m in layer.lora_A.values())
+    if policy.base_fp8 and policy.base_weight.enabled:
+        assert handle.base_weight_bytes() < 0.75 * bf16_base_bytes
+
+    # The plan names the lm_head's format.
+    head = [r for r in handle.plan if r["role"] == "lm_head" and r["tensor"] == "weight"]
+    assert len(head) == 1 and head[0]["module"].endswith("lm_head")
+    assert head[0]["format"] == (policy.base_weight.tag if policy.lm_head_fp8 else "bf16")
+    assert isinstance(model.get_output_embeddings(), Fp8BaseLinear) == policy.lm_head_fp8
+    json.dumps(handle.plan)
+
+    assert handle.loss_scale == (policy.grad_scaler.init_scale if policy.lora_grad_scaler else None)
+    assert handle.backend == "emulated" and handle.emulated
+    if policy.base_fp8:
+        assert outs[-1].metrics["telemetry/activation/amax"] > 0
+        assert "telemetry/dgrad/underflow_pct" in outs[-1].metrics
+    assert outs[-1].metrics["train/grad_norm"] > 0
+
+
+def test_naive_lora_weights_live_on_the_e4m3_grid():
+    model = tiny_lora_model()
+    tel = Fp8Telemetry()
+    handle = apply_policy(model, "fp8_naive", tel)
+    outs = train(model, handle, tel)
+    for p in handle.lora_params.values():
+        assert torch.equal(saturating_cast(p, E4M3).float(), p)
+    kinds = {r["kind"] for r in outs[-1].rows}
+    assert {"activation", "weight", "dgrad", "wgrad", "lora_weight", "lora_grad_norm"} <= kinds
+    # The gradients the optimizer sees are E5M2 values (cast before the optimizer, no scale).
+    ids = batch(7)
+    handle.scale_loss(model(input_ids=ids, labels=ids).loss).backward()
+    assert handle.prepare_step(torch.optim.SGD(list(handle.lora_params.values()), lr=0.0))
+    for p in handle.lora_params.values():
+        assert torch.equal(saturating_cast(p.grad, E5M2).float(), p.grad)
+
+
+def test_protected_calibration_fills_activation_histories():
+    model = tiny_lora_model()
+    handle = apply_policy(model, "fp8_protected", Fp8Telemetry())
+    handle.calibrate(lambda b: model(input_ids=b), [batch(i) for i in range(20)])
+    delayed = [
+        s.scaler for s in handle.cast_sites if s.scaler is not None and s.scaler.uses_history
+    ]
+    assert delayed and all(
+        s._seen == get_policy("fp8_protected").calibration_steps for s in delayed
+    )
+    assert all(s.amax_history.max() > 0 for s in delayed)
+
+
+def test_model_dtype_cast_after_apply_keeps_fp8_storage():
+    model = tiny_lora_model()
+    apply_policy(model, "fp8_protected")
+    with pytest.raises(ValueError, match="already applied"):
+        apply_policy(model, "bf16")
+    model.to(torch.bfloat16)
+    bases = [m for m in model.modules() if isinstance(m, Fp8BaseLinear)]
+    assert bases and all(b.weight_fp8.dtype == torch.float8_e4m3fn for b in bases)
+    assert all(b.weight_scale_inv.dtype == torch.float32 for b in bases)

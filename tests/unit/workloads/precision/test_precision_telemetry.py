@@ -1,0 +1,157 @@
+"""Telemetry numbers on tensors with known underflow/overflow shares, and the one-transfer rule."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from workloads.precision.formats import E4M3, E5M2, quantize_dequantize
+from workloads.precision.telemetry import ROW_KEYS, Fp8Telemetry, cast_stats, count_saturated
+
+
+def tensor_with_tiny_share(share: float, n: int = 10_000, seed: int = 0) -> torch.Tensor:
+    """``share`` of the values far below E5M2's smallest subnormal (2**-16), the rest normal."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(n, generator=g) + 0.5) * torch.where(
+        torch.rand(n, generator=g) < 0.5, -1.0, 1.0
+    )
+    tiny = torch.randperm(n, generator=g)[: int(share * n)]
+    x[tiny] = x[tiny] * 1e-6  # ~1e-6: under half the smallest subnormal -> flushes to 0
+    return x
+
+
+def record_plain(tel: Fp8Telemetry, layer: str, kind: str, x: torch.Tensor, fmt) -> None:
+    tel.record_cast(layer, kind, x, quantize_dequantize(x, fmt), None, count_saturated(x, fmt))
+
+
+def test_underflow_share_is_reported_within_rounding():
+    tel = Fp8Telemetry()
+    tel.begin_step(0, record=True)
+    record_plain(tel, "layers.0.q_proj", "dgrad", tensor_with_tiny_share(0.30), E5M2)
+    out = tel.end_step()
+    (row,) = out.rows
+    assert set(row) == set(ROW_KEYS)
+    assert row["underflow_pct"] == pytest.approx(30.0, abs=0.01)
+    assert row["overflow_pct"] == 0.0 and row["nonfinite"] == 0 and row["numel"] == 10_000
+    assert row["scale_inv_min"] == row["scale_inv_max"] == 1.0
+    assert out.metrics["telemetry/dgrad/underflow_pct"] == pytest.approx(30.0, abs=0.01)
+
+
+def test_overflow_share_counts_saturated_elements():
+    x = torch.ones(1000)
+    x[:50] = 1e6  # 5% beyond E4M3's max
+    tel = Fp8Telemetry()
+    tel.begin_step(3, record=True)
+    record_plain(tel, "lm_head", "activation", x, E4M3)
+    row = tel.end_step().rows[0]
+    assert row["overflow_pct"] == pytest.approx(5.0)
+    assert row["amax"] == 1e6 and row["step"] == 3
+    assert row["mse"] == pytest.approx(0.05 * (1e6 - 448) ** 2, rel=1e-6)
+
+
+def test_nonfinite_and_scale_inv_columns():
+    x = torch.tensor([1.0, math.nan, math.inf, 2.0])
+    tel = Fp8Telemetry()
+    tel.begin_step(0, record=True)
+    tel.record_cast("l", "weight", x, quantize_dequantize(x, E4M3), torch.tensor([0.25, 4.0]))
+    row = tel.end_step().rows[0]
+    assert row["nonfinite"] == 2 and row["scale_inv_min"] == 0.25 and row["scale_inv_max"] == 4.0
+
+
+def test_underflow_events_follow_the_threshold_and_accumulate():
+    tel = Fp8Telemetry(underflow_threshold_pct=10.0)
+    for step in range(3):
+        tel.begin_step(step, record=True)
+        record_plain(tel, "a", "dgrad", tensor_with_tiny_share(0.30), E5M2)  # event
+        record_plain(tel, "b", "dgrad", tensor_with_tiny_share(0.05), E5M2)  # below threshold
+        out = tel.end_step()
+        assert out.events == [(step, "a", "dgrad")]
+        assert out.metrics["underflow/new_events"] == 1.0
+        assert out.metrics["underflow/events"] == step + 1
+    strict = Fp8Telemetry(underflow_threshold_pct=40.0)
+    strict.begin_step(0, record=True)
+    record_plain(strict, "a", "dgrad", tensor_with_tiny_share(0.30), E5M2)
+    assert strict.end_step().events == []
+
+
+def test_not_recording_costs_nothing_and_returns_none(monkeypatch):
+    tel = Fp8Telemetry()
+    tel.begin_step(0, record=False)
+    called = []
+    monkeypatch.setattr("workloads.precision.telemetry.cast_stats", lambda *a: called.append(a))
+    record_plain(tel, "a", "activation", torch.ones(4), E4M3)
+    assert called == [] and tel._pending == []
+    assert tel.end_step({"train/loss": torch.tensor(1.0)}) is None
+
+
+def test_end_step_makes_exactly_one_device_to_host_transfer(monkeypatch):
+    tel = Fp8Telemetry()
+    tel.begin_step(7, record=True)
+    tel.register_static("w", "weight", cast_stats(torch.ones(4), torch.ones(4), None), 4)
+    for i in range(5):
+        record_plain(tel, f"layer{i}", "activation", torch.randn(64), E4M3)
+    model = nn.Linear(4, 2)
+    model(torch.randn(3, 4)).sum().backward()
+    tel.record_lora(model)
+
+    syncs = []
+    for name in ("tolist", "item", "cpu", "numpy", "__float__", "__bool__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *a, _orig=original, _name=name, **k):
+            syncs.append(_name)
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    out = tel.end_step({"train/loss": torch.tensor(2.5), "train/lr": 1e-4})
+    monkeypatch.undo()
+    assert syncs == ["tolist"]
+    assert out.metrics["train/loss"] == 2.5 and out.metrics["train/lr"] == 1e-4
+    assert len([r for r in out.rows if r["kind"] == "activation"]) == 5
+
+
+def test_micro_batches_merge_into_one_row():
+    tel = Fp8Telemetry()
+    tel.begin_step(0, record=True)
+    record_plain(tel, "a", "dgrad", tensor_with_tiny_share(0.2, n=1000), E5M2)
+    record_plain(tel, "a", "dgrad", tensor_with_tiny_share(0.4, n=3000, seed=1), E5M2)
+    (row,) = tel.end_step().rows
+    assert row["numel"] == 4000
+    assert row["underflow_pct"] == pytest.approx((200 + 1200) / 4000 * 100)
+
+
+def test_static_weight_rows_repeat_but_count_one_event():
+    tel = Fp8Telemetry()
+    w = tensor_with_tiny_share(0.5)
+    tel.register_static(
+        "base", "weight", cast_stats(w, quantize_dequantize(w, E5M2), None), w.numel()
+    )
+    counts = []
+    for step in range(3):
+        tel.begin_step(step, record=True)
+        out = tel.end_step()
+        assert [r["kind"] for r in out.rows] == ["weight"]
+        counts.append(out.metrics["underflow/events"])
+    assert counts == [1.0, 1.0, 1.0]
+
+
+def test_record_lora_reports_grad_norms_and_weight_std():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4, bias=False), nn.Linear(4, 8, bias=False))
+    model[0].weight.requires_grad_(False)  # frozen: not a LoRA parameter, not reported
+    model(torch.randn(5, 8)).pow(2).sum().backward()
+    tel = Fp8Telemetry()
+    tel.begin_step(0, record=True)
+    tel.record_lora(model)
+    out = tel.end_step()
+    by_kind = {r["kind"]: r for r in out.rows}
+    assert set(by_kind) == {"lora_grad_norm", "lora_weight_std"}
+    assert by_kind["lora_grad_norm"]["layer"] == "1"
+    g = model[1].weight.grad
+    assert by_kind["lora_grad_norm"]["value"] == pytest.approx(g.norm().item(), rel=1e-5)
+    assert out.metrics["train/grad_norm"] == pytest.approx(g.norm().item(), rel=1e-5)
+    assert out.metrics["train/lora_weight_std"] == pytest.approx(
+        model[1].weight.std().item(), rel=1e-5
+    )
+    assert "underflow/events" in out.metrics and out.metrics["underflow/events"] == 0

@@ -1,0 +1,321 @@
+"""Emulated FP8 linear layers: quantize-dequantize with torch's float8 dtypes, GEMM in BF16.
+
+- ``Fp8BaseLinear`` replaces a frozen base ``nn.Linear`` (PEFT's ``base_layer``). Its weight is
+  *stored* as float8 plus FP32 scales, so base-weight memory really shrinks; every forward
+  dequantizes it (O(out*in), cheap next to the O(tokens*out*in) GEMM) instead of caching a BF16
+  copy, which would undo the saving. The base is frozen, so backward computes only dgrad and
+  saves no activations at all.
+- ``Fp8LoraLinear`` is fp8_naive's LoRA A/B GEMM: a trainable ``.weight`` Parameter (PEFT and
+  the optimizer see an ordinary nn.Linear), plain E4M3 casts of input and weight forward, plain
+  E5M2 cast of the incoming gradient backward, dgrad and wgrad both from the FP8 operands.
+- ``LoraComputeLinear`` is the protected/bf16 LoRA GEMM: FP32 master weight, BF16 compute.
+
+Speed (the emulation is benchmarked against BF16): tiles are reshapes/views, never Python
+loops; power-of-two scales are applied in BF16 without FP32 copies; temporaries are reused in
+place; E4M3 decoding avoids torch's slow CPU kernel (formats.decode_deferred) and folds the
+decode factor into the scale multiply; nothing forces a device->host sync.
+
+Caveat: with activation checkpointing the recomputed forward casts again, so delayed-scaling
+histories see that micro-batch twice and telemetry counts its activations twice (percentages
+are unaffected).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workloads.precision.scaling import CastSpec, Fp8Tensor, Role, ScalingRecipe, TensorScaler
+from workloads.precision.telemetry import Fp8Telemetry, cast_stats
+
+__all__ = [
+    "CastSite",
+    "Fp8BaseLinear",
+    "Fp8LoraLinear",
+    "LoraComputeLinear",
+    "PLAIN_E4M3",
+    "PLAIN_E5M2",
+]
+
+PLAIN_E4M3 = CastSpec("e4m3", ScalingRecipe("none"))
+PLAIN_E5M2 = CastSpec("e5m2", ScalingRecipe("none"))
+
+
+class CastSite:
+    """One place where one tensor of one layer is cast (e.g. the input of ``layers.0.q_proj``).
+
+    Holds the scaler state for that tensor and reports to telemetry when it is recording. In
+    calibration mode it only observes amax and returns the tensor in high precision (TE's
+    ``calibrating=True``).
+    """
+
+    def __init__(
+        self,
+        spec: CastSpec,
+        role: Role,
+        layer: str,
+        kind: str,
+        telemetry: Fp8Telemetry | None,
+    ) -> None:
+        self.spec = spec
+        self.layer = layer
+        self.kind = kind
+        self.telemetry = telemetry
+        self.scaler = TensorScaler(spec.recipe, spec.format, role) if spec.enabled else None
+
+    def __call__(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        scaler = self.scaler
+        if scaler is None:
+            return x.to(dtype)
+        if scaler.calibrating:
+            scaler.observe(x)
+            return x.to(dtype)
+        tel = self.telemetry
+        recording = tel is not None and tel.recording
+        q, saturated = scaler.quantize(x, count_saturated=recording)
+        x_dq = q.dequantize(dtype)
+        if recording:
+            tel.record_cast(self.layer, self.kind, x, x_dq, q.scale_inv, saturated)
+        return x_dq
+
+
+class _BaseLinearFn(torch.autograd.Function):
+    """y = cast(x) @ W_q^T (+ b); backward: dx = cast_e5m2(dy) @ W_q. No wgrad: base is frozen."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mod: Fp8BaseLinear) -> torch.Tensor:
+        ctx.mod = mod
+        ctx.x_dtype = x.dtype
+        x_c = mod.act_cast(x, mod.compute_dtype)
+        return F.linear(x_c, mod.dequantized_weight(), mod.bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        mod: Fp8BaseLinear = ctx.mod
+        g = mod.dgrad_cast(grad_out, mod.compute_dtype)
+        return (g @ mod.dequantized_weight()).to(ctx.x_dtype), None
+
+
+class Fp8BaseLinear(nn.Module):
+    """A frozen linear whose weight, input and incoming gradient are cast per three CastSpecs.
+
+    ``weight`` with ``fmt=None`` keeps a compute-dtype weight (e.g. an ablation that only casts
+    activations); otherwise the weight lives in the ``weight_fp8`` buffer plus ``weight_scale_inv``
+    (None for a plain cast, 0-d for per-tensor, [ceil(out/128), ceil(in/128)] for block).
+    """
+
+    _FIXED_DTYPE_BUFFERS = ("weight_fp8", "weight_scale_inv")
+
+    def __init__(
+        self,
+        linear: nn.Linear,
+        *,
+        weight: CastSpec,
+        activation: CastSpec,
+        dgrad: CastSpec,
+        name: str = "",
+        telemetry: Fp8Telemetry | None = None,
+        compute_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.name = name
+        self.compute_dtype = compute_dtype
+        self.weight_spec = weight
+        self.activation_spec = activation
+        self.dgrad_spec = dgrad
+        self._weight_tile: tuple[int, int] | None = None
+        self._store_weight(linear.weight.detach(), weight, telemetry)
+        bias = linear.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().to(compute_dtype))
+        self.act_cast = CastSite(activation, "activation", name, "activation", telemetry)
+        self.dgrad_cast = CastSite(dgrad, "grad", name, "dgrad", telemetry)
+
+    def _store_weight(
+        self, w: torch.Tensor, spec: CastSpec, telemetry: Fp8Telemetry | None
+    ) -> None:
+        if not spec.enabled:
+            self.register_buffer("weight_hp", w.to(self.compute_dtype))
+            return
+        scaler = TensorScaler(spec.recipe, spec.format, "weight")
+        q, saturated = scaler.quantize(w, count_saturated=True)
+        self.register_buffer("weight_fp8", q.data)
+        self.register_buffer("weight_scale_inv", q.scale_inv)
+        self._weight_tile = q.tile
+        self._weight_power_2 = q.power_2
+        # SYNC: once at conversion -- lets every later decode skip the NaN-code fix-up.
+        self._weight_has_nan = bool(torch.isnan(q.dequantize(torch.float32)).any())
+        if telemetry is not None:  # frozen: stats once, emitted on every recorded step
+            stats = cast_stats(w, q.dequantize(torch.float32), q.scale_inv, saturated)
+            telemetry.register_static(self.name, "weight", stats, w.numel())
+
+    @property
+    def weight_is_fp8(self) -> bool:
+        return self.weight_spec.enabled
+
+    def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The weight as the GEMM sees it, in ``dtype`` (default: the compute dtype)."""
+        dtype = dtype or self.compute_dtype
+        if not self.weight_is_fp8:
+            return self.weight_hp.to(dtype)
+        q = Fp8Tensor(
+            self.weight_fp8,
+            self.weight_scale_inv,
+            self._weight_tile,
+            self._weight_power_2,
+            self._weight_has_nan,
+        )
+        return q.dequantize(dtype)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """Dequantized copy for code that reads ``.weight`` (PEFT, HF); costs a dequantize."""
+        return self.dequantized_weight()
+
+    def storage_bytes(self) -> int:
+        """Bytes held for the weight (FP8 data + FP32 scales, or the compute-dtype weight)."""
+        if not self.weight_is_fp8:
+            return self.weight_hp.nbytes
+        scales = self.weight_scale_inv
+        return self.weight_fp8.nbytes + (0 if scales is None else scales.nbytes)
+
+    def cast_sites(self) -> list[CastSite]:
+        return [self.act_cast, self.dgrad_cast]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _BaseLinearFn.apply(x, self)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Fp8BaseLinear:
+        """Follow device moves but never dtype casts: ``model.to(bfloat16)`` must not turn the
+        float8 storage or the FP32 scales into BF16 (the storage format is the policy's)."""
+        fixed = {k: self._buffers.pop(k) for k in self._FIXED_DTYPE_BUFFERS if k in self._buffers}
+        super()._apply(fn, recurse)
+        for key, buf in fixed.items():
+            if buf is not None:
+                target = fn(torch.empty(0, device=buf.device)).device
+                buf = buf.to(target)
+            self._buffers[key] = buf
+        return self
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"weight={self.weight_spec.tag}, activation={self.activation_spec.tag}, "
+            f"dgrad={self.dgrad_spec.tag}, bias={self.bias is not None}"
+        )
+
+
+class _LoraFp8Fn(torch.autograd.Function):
+    """y = q(x) @ q(W)^T; backward: dx = q(dy) @ q(W), dW = q(dy)^T @ q(x) (all plain casts)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, mod: Fp8LoraLinear
+    ) -> torch.Tensor:
+        cd = mod.compute_dtype
+        x_q = mod.act_cast(x, cd)
+        w_q = mod.weight_cast(weight, cd)
+        ctx.save_for_backward(x_q, w_q)
+        ctx.mod, ctx.x_dtype, ctx.w_dtype = mod, x.dtype, weight.dtype
+        return F.linear(x_q, w_q)
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_out: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        x_q, w_q = ctx.saved_tensors
+        mod: Fp8LoraLinear = ctx.mod
+        g = mod.grad_cast(grad_out, mod.compute_dtype)
+        dx = (g @ w_q).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            g2d = g.reshape(-1, g.shape[-1])
+            dw = (g2d.t() @ x_q.reshape(-1, x_q.shape[-1])).to(ctx.w_dtype)
+        return dx, dw, None
+
+
+class Fp8LoraLinear(nn.Linear):
+    """fp8_naive's LoRA GEMM (see module docstring). Bias-free, like PEFT's lora_A/lora_B."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        name: str = "",
+        telemetry: Fp8Telemetry | None = None,
+        record_weight: bool = True,
+        compute_dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=False, device=device, dtype=dtype)
+        self.name = name
+        self.compute_dtype = compute_dtype
+        self.act_cast = CastSite(PLAIN_E4M3, "activation", name, "activation", telemetry)
+        # With FP8 storage the weight is already E4M3-exact and its cast is the identity; its
+        # rounding is reported once per step as kind 'lora_weight' instead (apply.after_step).
+        self.weight_cast = CastSite(
+            PLAIN_E4M3, "weight", name, "weight", telemetry if record_weight else None
+        )
+        self.grad_cast = CastSite(PLAIN_E5M2, "grad", name, "dgrad", telemetry)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, **kwargs: Any) -> Fp8LoraLinear:
+        if linear.bias is not None:
+            raise ValueError("Fp8LoraLinear is for bias-free LoRA A/B matrices")
+        mod = cls(linear.in_features, linear.out_features, device=linear.weight.device, **kwargs)
+        with torch.no_grad():
+            mod.weight.copy_(linear.weight)
+        return mod
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _LoraFp8Fn.apply(x, self.weight, self)
+
+
+class LoraComputeLinear(nn.Linear):
+    """A LoRA matrix with an FP32 master weight whose GEMMs run in the compute dtype (BF16).
+
+    Autograd casts the BF16 weight gradient back to FP32 for the master. This keeps PEFT's
+    ``lora_B(lora_A(x))`` in BF16 even though the parameters are FP32 (PEFT alone would upcast
+    the activations and run the adapter GEMMs in FP32).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool = False,
+        compute_dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.compute_dtype = compute_dtype
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, compute_dtype: torch.dtype) -> LoraComputeLinear:
+        mod = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            compute_dtype=compute_dtype,
+            device=linear.weight.device,
+        )
+        with torch.no_grad():
+            mod.weight.copy_(linear.weight)
+            if linear.bias is not None:
+                mod.bias.copy_(linear.bias)
+        return mod
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cd = self.compute_dtype
+        bias = None if self.bias is None else self.bias.to(cd)
+        return F.linear(x.to(cd), self.weight.to(cd), bias)

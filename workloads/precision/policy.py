@@ -1,0 +1,315 @@
+"""Precision policies: named, versioned recipes of independent switches (DESIGN.md section 2).
+
+Each protection is its own switch, so an ablation is a registered copy of ``fp8_protected``
+with exactly one switch flipped -- no new code. A policy only decides formats and scaling; it
+never touches lr, rank, steps or any other hyperparameter (there is no field for them).
+
+Registered policies:
+
+- ``bf16``: everything in BF16, LoRA FP32 master weights with BF16 compute.
+- ``fp8_naive``: what a plain FP8 conversion gives -- every FP8 cast is a plain cast with no
+  scale (base weights and activations E4M3, dgrad E5M2, LoRA weights stored in E4M3 and rounded
+  back after every update, LoRA GEMMs in FP8, LoRA weight grads cast to E5M2, lm_head in FP8).
+- ``fp8_protected``: base weights E4M3 with 128x128 block scales; base activations E4M3 with
+  *delayed* scaling (amax history of 16, max) filled by ``calibration_steps`` calibration
+  forwards -- delayed because that is the recipe for which calibration exists, and the
+  ``-no_calibration`` ablation then measures what calibration buys; dgrad E5M2 with *current*
+  per-tensor scaling -- gradient magnitudes drift over training (LoRA grads shrink late) and
+  no-grad calibration forwards cannot fill a gradient history, so a history would start from
+  scale 1 exactly when gradients are at risk; LoRA FP32 master + BF16 GEMMs; LoRA grads FP32
+  with the selective LoRA gradient scaler; lm_head excluded (BF16).
+- ``fp8_protected-<ablation>``: one protection of ``fp8_protected`` switched off; the
+  ``ablation`` field names it (empty for the base policies).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from workloads.precision.grad_scaler import GradScalerConfig
+from workloads.precision.scaling import CastSpec, ScalingRecipe
+
+__all__ = [
+    "PrecisionPolicy",
+    "UnknownPolicyError",
+    "SWITCHES",
+    "register_policy",
+    "get_policy",
+    "available_policies",
+]
+
+LORA_STORAGE = ("fp32_master", "fp8_e4m3")
+LORA_GEMM = ("bf16", "fp8")
+LORA_GRAD = ("fp32", "fp8_e5m2")
+COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_CAST_FIELDS = ("base_weight", "base_activation", "base_dgrad")
+
+
+class UnknownPolicyError(ValueError):
+    """A policy name that is not registered (the message suggests the closest names)."""
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """A named, versioned set of precision switches. Validated on construction."""
+
+    name: str
+    version: int = 1
+    description: str = ""
+    ablation: str = ""
+    base_weight: CastSpec = CastSpec()
+    base_activation: CastSpec = CastSpec()
+    base_dgrad: CastSpec = CastSpec()
+    lora_storage: str = "fp32_master"
+    lora_gemm: str = "bf16"
+    lora_grad: str = "fp32"
+    lora_grad_scaler: bool = False
+    grad_scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
+    lm_head_fp8: bool = False
+    calibration_steps: int = 0
+    compute_dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        errors = _validate(self)
+        if errors:
+            raise ValueError(
+                f"invalid precision policy {self.name!r}:\n  - " + "\n  - ".join(errors)
+            )
+
+    # -- derived views --------------------------------------------------------------------
+    @property
+    def torch_compute_dtype(self) -> torch.dtype:
+        return COMPUTE_DTYPES[self.compute_dtype]
+
+    @property
+    def base_fp8(self) -> bool:
+        """True when any tensor of the frozen base GEMMs is cast to FP8."""
+        return any(getattr(self, f).enabled for f in _CAST_FIELDS)
+
+    @property
+    def uses_delayed_scaling(self) -> bool:
+        return any(
+            getattr(self, f).enabled and getattr(self, f).recipe.kind == "delayed"
+            for f in _CAST_FIELDS
+        )
+
+    @property
+    def tag(self) -> str:
+        """Short switch signature for run names, e.g. ``W8blk.A8dly.G8cur.Lbf16s.Hbf16.C8``.
+
+        Two policies with the same switches have the same tag, whatever their names.
+        """
+        if not self.base_fp8 and self.lora_gemm == "bf16" and self.lora_storage == "fp32_master":
+            if self.lora_grad == "fp32" and not self.lm_head_fp8 and not self.lora_grad_scaler:
+                return "bf16"
+        lora = (
+            ("L8" if self.lora_gemm == "fp8" else "Lbf16")
+            + ("w8" if self.lora_storage == "fp8_e4m3" else "")
+            + ("g8" if self.lora_grad == "fp8_e5m2" else "")
+            + ("s" if self.lora_grad_scaler else "")
+        )
+        parts = [
+            "W" + _spec_tag(self.base_weight),
+            "A" + _spec_tag(self.base_activation),
+            "G" + _spec_tag(self.base_dgrad),
+            lora,
+            "H8" if self.lm_head_fp8 else "Hbf16",
+        ]
+        if self.calibration_steps:
+            parts.append(f"C{self.calibration_steps}")
+        return ".".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data view (YAML/JSON/MLflow params) of every switch."""
+        out: dict[str, Any] = {"name": self.name, "version": self.version, "tag": self.tag}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, CastSpec):
+                value = value.to_dict()
+            elif isinstance(value, GradScalerConfig):
+                value = dataclasses.asdict(value)
+            out[f.name] = value
+        return out
+
+    def with_switches(self, **switches: Any) -> PrecisionPolicy:
+        """A validated copy with some switches changed (names in ``SWITCHES``).
+
+        Cast switches accept a CastSpec, 'e4m3:block'-style strings, None/'bf16', or a mapping;
+        ``grad_scaler`` accepts a GradScalerConfig or a mapping of its fields.
+        """
+        unknown = sorted(set(switches) - set(SWITCHES))
+        if unknown:
+            hints = [_did_you_mean(u, SWITCHES) for u in unknown]
+            raise ValueError(
+                f"unknown precision switch(es) {', '.join(map(repr, unknown))}"
+                + "".join(h for h in hints if h)
+                + f"; valid switches: {', '.join(SWITCHES)}"
+            )
+        return dataclasses.replace(self, **{k: _coerce(k, v) for k, v in switches.items()})
+
+
+# Fields a user may flip; identity fields (name, version, description, ablation) are not switches.
+SWITCHES: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(PrecisionPolicy)
+    if f.name not in ("name", "version", "description", "ablation")
+)  # fmt: skip
+
+
+def _spec_tag(spec: CastSpec) -> str:
+    if not spec.enabled:
+        return "bf16"
+    short = {"none": "pl", "current": "cur", "delayed": "dly", "block": "blk"}
+    return "8" + short[spec.recipe.kind]
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name in _CAST_FIELDS:
+        return CastSpec.parse(value)
+    if name == "grad_scaler" and isinstance(value, Mapping):
+        return GradScalerConfig(**value)
+    return value
+
+
+def _validate(p: PrecisionPolicy) -> list[str]:
+    """Every problem at once, as sentences (not asserts: they vanish under ``python -O``)."""
+    errors = []
+    for name in _CAST_FIELDS:
+        if not isinstance(getattr(p, name), CastSpec):
+            errors.append(f"{name} must be a CastSpec (use with_switches to pass strings)")
+    if errors:
+        return errors
+    if p.base_weight.enabled and p.base_weight.recipe.kind == "delayed":
+        errors.append(
+            "base_weight: frozen weights are cast once; use none|current|block, not delayed"
+        )
+    for name, value, allowed in (
+        ("lora_storage", p.lora_storage, LORA_STORAGE),
+        ("lora_gemm", p.lora_gemm, LORA_GEMM),
+        ("lora_grad", p.lora_grad, LORA_GRAD),
+        ("compute_dtype", p.compute_dtype, tuple(COMPUTE_DTYPES)),
+    ):
+        if value not in allowed:
+            errors.append(f"{name}={value!r} not in {allowed}")
+    if not isinstance(p.calibration_steps, int) or p.calibration_steps < 0:
+        errors.append(f"calibration_steps={p.calibration_steps!r} must be an int >= 0")
+    if not isinstance(p.grad_scaler, GradScalerConfig):
+        errors.append("grad_scaler must be a GradScalerConfig")
+    return errors
+
+
+def _did_you_mean(name: str, choices: Any) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" — did you mean {close[0]!r}?" if close else ""
+
+
+# -- registry --------------------------------------------------------------------------------
+_REGISTRY: dict[str, PrecisionPolicy] = {}
+
+
+def register_policy(policy: PrecisionPolicy, *, replace: bool = False) -> PrecisionPolicy:
+    """Make ``policy`` available under ``policy.name``; re-registering needs ``replace=True``."""
+    if policy.name in _REGISTRY and not replace:
+        raise ValueError(f"precision policy {policy.name!r} is already registered")
+    _REGISTRY[policy.name] = policy
+    return policy
+
+
+def get_policy(name: str) -> PrecisionPolicy:
+    """The registered policy ``name``, or UnknownPolicyError with a did-you-mean hint."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownPolicyError(
+            f"unknown precision policy {name!r}{_did_you_mean(name, _REGISTRY) or ';'}"
+            f" available: {', '.join(_REGISTRY)}"
+        ) from None
+
+
+def available_policies() -> list[str]:
+    """Registered names in registration order (base policies first, then ablations)."""
+    return list(_REGISTRY)
+
+
+# -- the DESIGN.md table ---------------------------------------------------------------------
+_PLAIN_E4M3 = CastSpec("e4m3", ScalingRecipe("none"))
+_PLAIN_E5M2 = CastSpec("e5m2", ScalingRecipe("none"))
+
+BF16 = register_policy(
+    PrecisionPolicy(
+        name="bf16",
+        description="BF16 everywhere; LoRA FP32 master weights with BF16 compute.",
+    )
+)
+
+FP8_NAIVE = register_policy(
+    PrecisionPolicy(
+        name="fp8_naive",
+        description="Plain FP8 casts, no scales, no LoRA-aware protection.",
+        base_weight=_PLAIN_E4M3,
+        base_activation=_PLAIN_E4M3,
+        base_dgrad=_PLAIN_E5M2,
+        lora_storage="fp8_e4m3",
+        lora_gemm="fp8",
+        lora_grad="fp8_e5m2",
+        lora_grad_scaler=False,
+        lm_head_fp8=True,
+    )
+)
+
+FP8_PROTECTED = register_policy(
+    PrecisionPolicy(
+        name="fp8_protected",
+        description=(
+            "Base weights E4M3 128x128 block scales, activations E4M3 delayed scaling after "
+            "calibration, dgrad E5M2 current scaling, LoRA FP32 master + BF16 GEMMs, selective "
+            "LoRA grad scaler, lm_head BF16."
+        ),
+        base_weight=CastSpec("e4m3", ScalingRecipe("block", block_size=128)),
+        base_activation=CastSpec("e4m3", ScalingRecipe("delayed", amax_history_len=16)),
+        base_dgrad=CastSpec("e5m2", ScalingRecipe("current")),
+        lora_storage="fp32_master",
+        lora_gemm="bf16",
+        lora_grad="fp32",
+        lora_grad_scaler=True,
+        lm_head_fp8=False,
+        calibration_steps=8,
+    )
+)
+
+
+def _describe(switches: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v.tag if isinstance(v, CastSpec) else v}" for k, v in switches.items())
+
+
+# (suffix, protection switched off, the one switch that does it)
+_ABLATIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    (
+        "no_block_scales",
+        "block_scales",
+        {"base_weight": CastSpec("e4m3", ScalingRecipe("current"))},
+    ),
+    ("plain_activation", "activation_scaling", {"base_activation": _PLAIN_E4M3}),
+    ("no_calibration", "calibration", {"calibration_steps": 0}),
+    ("plain_dgrad", "dgrad_scaling", {"base_dgrad": _PLAIN_E5M2}),
+    ("no_scaler", "grad_scaler", {"lora_grad_scaler": False}),
+    ("fp8_lora", "bf16_lora_gemm", {"lora_gemm": "fp8"}),
+    ("fp8_lora_grad", "fp32_lora_grad", {"lora_grad": "fp8_e5m2"}),
+    ("fp8_lm_head", "lm_head_exclusion", {"lm_head_fp8": True}),
+)
+for _suffix, _protection, _switch in _ABLATIONS:
+    register_policy(
+        dataclasses.replace(
+            FP8_PROTECTED.with_switches(**_switch),
+            name=f"fp8_protected-{_suffix}",
+            ablation=_protection,
+            description=(
+                f"fp8_protected with one protection off: {_protection} ({_describe(_switch)})."
+            ),
+        )
+    )
