@@ -146,31 +146,38 @@ def _print_outcome(outcome: Any, out: Any) -> None:
     from orchestrator.progress import summary_table
 
     out.print(summary_table(outcome.plan.to_run, outcome.results, f"sweep {outcome.plan.sweep_id} results"))
-    durations = [r.get("metrics", {}).get("train/wall_s", 0) + r.get("metrics", {}).get("eval/wall_s", 0) for r in outcome.results.values()]
-    out.print(f"makespan {outcome.makespan_s:.0f}s for {len(outcome.results)} trials on {outcome.slots} parallel slot(s)")
+    busy = sum(r.get("task_wall_s", 0.0) for r in outcome.results.values())
+    ideal = busy / outcome.slots
+    efficiency = ideal / outcome.makespan_s if outcome.makespan_s else 0.0
+    out.print(f"makespan {outcome.makespan_s:.0f}s for {len(outcome.results)} trials on {outcome.slots} parallel slot(s); "
+              f"sum of trial durations / slots = {ideal:.0f}s -> scheduling efficiency {efficiency:.2f}")
 
 
 def _report_after_sweep(plan: Any, out: Any) -> None:
+    """The sweep ends with its report; a report problem is shown but never fails the sweep."""
+    from analysis.report import generate_report
+
     try:
-        from analysis.report import generate_report
-    except ImportError:
+        result = _run_report(plan.config, plan.tracking_uri, plan.config["sweep"]["name"], plan.sweep_id, False, None, generate_report)
+    except UserInputError as exc:
+        out.print(f"Report not written: {exc}")
         return
-    paths = _run_report(plan.config, plan.tracking_uri, plan.config["sweep"]["name"], plan.sweep_id, False, None, generate_report)
-    out.print(f"Report: {paths}")
+    out.print(f"Report: {result.report_html} (also report.md, summary.csv, figures/; logged to the sweep's parent run)")
 
 
-def _run_report(config: dict[str, Any], uri: str, experiment: str, sweep_id: str | None, all_runs: bool,
+def _run_report(config: dict[str, Any], uri: str, experiment: str | None, sweep_id: str | None, all_runs: bool,
                 out_dir: str | None, generate: Callable[..., Any]) -> Any:
+    from analysis.errors import ReportError
     from analysis.options import ReportOptions
 
     rep = config["report"]
-    target = Path(out_dir or rep["out"] or f"fp8lab-report/{sweep_id or 'latest'}")
-    options = ReportOptions(gpu_hour_price=rep["gpu_hour_price"], utilization=rep["utilization"], n_gpu=rep["n_gpu"])
+    target = Path(out_dir or rep["out"] or f"fp8lab-report/{sweep_id or ('all' if all_runs else 'latest')}")
     try:
-        result = generate(tracking_uri=uri, experiment=experiment, sweep_id=sweep_id, all_runs=all_runs, out_dir=target, options=options)
-    except ValueError as exc:
+        options = ReportOptions.from_mapping(rep, ignore=["out"])
+        return generate(tracking_uri=uri, experiment=experiment, sweep_id=sweep_id, all_runs=all_runs,
+                        out_dir=target, options=options)
+    except ReportError as exc:
         raise UserInputError(str(exc)) from None
-    return getattr(result, "out_dir", target)
 
 
 def _print_where(plan: Any, out: Any) -> None:
@@ -181,13 +188,14 @@ def _print_where(plan: Any, out: Any) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import generate_report
 
-    from orchestrator.config_loader import compose_config, to_container
     from orchestrator.tracking import absolute_uri
 
-    config = to_container(compose_config(args.overrides, args.config_dir))
+    config = _composed(args)
     uri = absolute_uri(config["tracking"]["uri"])
-    path = _run_report(config, uri, args.experiment or config["sweep"]["name"], args.sweep_id, args.all, args.out, generate_report)
-    print(f"Report written to {path}")
+    experiment = args.experiment or (config["sweep"]["name"] if args.all else None)
+    result = _run_report(config, uri, experiment, args.sweep_id, args.all, args.out, generate_report)
+    print(f"Report written to {result.out_dir}: report.html, report.md, summary.csv, figures/ "
+          f"({result.n_runs} trials, {result.n_counted} in the statistics)")
     return 0
 
 

@@ -78,6 +78,7 @@ def _first_line(exc: Exception) -> str:
 @ray.remote(max_calls=1)
 def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
     """Runs in a Ray worker. Imports the training stack here, never in the driver."""
+    started = time.time()
     from workloads.entry import run  # noqa: PLC0415 - heavy import belongs to the worker
 
     board.update.remote(launch.trial_id, {"state": "RUNNING", "step": 0})
@@ -87,6 +88,7 @@ def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
                                               "tokens_per_s": metrics.get("train/tokens_per_s")})
 
     result = run(launch.config, launch.trial_id, launch.run_id, launch.tracking_uri, launch.policy_label, progress)
+    result["task_wall_s"] = time.time() - started  # the slot was busy this long (imports included)
     result["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
     result["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     board.update.remote(launch.trial_id, {"state": result["status"], "ended": time.time()})

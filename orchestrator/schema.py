@@ -88,6 +88,7 @@ SCHEMA: dict[str, Any] = {
         "lr": _pos_float("2e-4", upper=1.0),
         "weight_decay": _nonneg_float("0.0"),
         "warmup_steps": _int("an integer >= 0", "20", lo=0),
+        "lr_schedule": _choice("constant", "cosine", "linear"),
         "grad_clip": _pos_float("1.0", nullable=True),
         "log_every": _int("an integer >= 1", "10", lo=1),
         "num_threads": _int("an integer >= 1 or null", "1", lo=1, nullable=True),

@@ -100,7 +100,8 @@ def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
 def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any]) -> SweepOutcome:
     client = MlflowClient(plan.tracking_uri)
     experiment_id = tracking.ensure_experiment(client, plan.config["sweep"]["name"], plan.config["tracking"]["artifact_location"])
-    parent = tracking.open_parent_run(client, experiment_id, plan.sweep_id, plan.config["sweep"]["name"], resolved_yaml(plan.config))
+    parent = tracking.open_parent_run(client, experiment_id, plan.sweep_id, plan.config["sweep"]["name"],
+                                      resolved_yaml(plan.config), [s.trial_id for s in plan.specs])
     board = progress_mod.ProgressBoard.remote()
     results: dict[str, dict[str, Any]] = {}
     run_ids: dict[str, str] = {}
@@ -126,25 +127,35 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any]) -> SweepOut
 
 
 def _wait_with_table(plan: SweepPlan, refs: dict, board: Any, results: dict, console: Any) -> None:
+    """A live table on a terminal; in a log (no terminal) one line per trial state change."""
     import ray
 
     title = f"sweep {plan.sweep_id} — {len(plan.to_run)} trials ({len(plan.skipped)} already finished)"
+    names = {s.trial_id: s.run_name for s in plan.to_run}
+    last_state: dict[str, str] = {}
 
-    def snapshot() -> dict:
-        return ray.get(board.snapshot.remote())
+    def rows_now() -> dict:
+        rows = ray.get(board.snapshot.remote())
+        for trial_id, result in results.items():
+            rows.setdefault(trial_id, {}).update(state=result["status"])
+        return rows
 
-    with Live(progress_mod.render_table(plan.to_run, {}, 0, title), console=console, refresh_per_second=2,
-              transient=False) as live:
-        def on_result(trial_id: str, result: dict[str, Any]) -> None:
-            results[trial_id] = result
+    def log_changes(rows: dict) -> None:
+        for trial_id, row in rows.items():
+            state = row.get("state", "PENDING")
+            if last_state.get(trial_id) != state:
+                last_state[trial_id] = state
+                console.print(f"[{time.strftime('%H:%M:%S')}] {names.get(trial_id, trial_id)}: {state}")
 
-        def on_tick() -> None:
-            rows = snapshot()
-            for trial_id, result in results.items():
-                rows.setdefault(trial_id, {}).update(state=result["status"])
-            live.update(progress_mod.render_table(plan.to_run, rows, 0, title))
+    def on_result(trial_id: str, result: dict[str, Any]) -> None:
+        results[trial_id] = result
 
-        ray_runner.wait_all(refs, on_tick, on_result)
+    if not console.is_terminal:
+        console.print(title)
+        ray_runner.wait_all(refs, lambda: log_changes(rows_now()), on_result)
+        return
+    with Live(progress_mod.render_table(plan.to_run, {}, 0, title), console=console, refresh_per_second=2) as live:
+        ray_runner.wait_all(refs, lambda: live.update(progress_mod.render_table(plan.to_run, rows_now(), 0, title)), on_result)
 
 
 def _cancel(refs: dict) -> None:

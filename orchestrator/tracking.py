@@ -6,6 +6,7 @@ could not close (worker died, sweep interrupted).
 """
 from __future__ import annotations
 
+import functools
 import socket
 import time
 import urllib.error
@@ -77,8 +78,12 @@ def find_parent(client: MlflowClient, experiment_id: str, sweep_id: str) -> str 
     return runs[0].info.run_id if runs else None
 
 
-def open_parent_run(client: MlflowClient, experiment_id: str, sweep_id: str, sweep_name: str, config_yaml: str) -> str:
-    """The sweep's parent run; rerunning the same sweep reopens it so all its trials stay together."""
+def open_parent_run(client: MlflowClient, experiment_id: str, sweep_id: str, sweep_name: str, config_yaml: str,
+                    trial_ids: list[str] | None = None) -> str:
+    """The sweep's parent run; rerunning the same sweep reopens it so all its trials stay together.
+
+    `sweep/trials.json` lists every trial id of the sweep, including those skipped because an
+    earlier sweep already finished them, so the report can pull those runs in."""
     run_id = find_parent(client, experiment_id, sweep_id)
     if run_id is None:
         tags = {MLFLOW_RUN_NAME: f"sweep-{sweep_id[:8]}", "fp8lab.role": SWEEP_ROLE,
@@ -87,6 +92,7 @@ def open_parent_run(client: MlflowClient, experiment_id: str, sweep_id: str, swe
     else:
         client.update_run(run_id, status="RUNNING")
     client.log_text(run_id, config_yaml, "sweep/config.yaml")
+    client.log_dict(run_id, sorted(trial_ids or []), "sweep/trials.json")
     return run_id
 
 
@@ -98,6 +104,7 @@ def create_trial_run(client: MlflowClient, experiment_id: str, spec: TrialSpec, 
         "fp8lab.policy": spec.policy, "fp8lab.seed": str(spec.seed), "fp8lab.status": "SCHEDULED",
         **{f"fp8lab.axis.{k}": str(v) for k, v in spec.extra_axes.items()},
     }
+    tags.update(dict(source_tags()))
     if sweep_id:
         tags["fp8lab.sweep_id"] = sweep_id
     if parent_run_id:
@@ -106,6 +113,24 @@ def create_trial_run(client: MlflowClient, experiment_id: str, spec: TrialSpec, 
     _log_params(client, run_id, params)
     client.update_run(run_id, status="SCHEDULED")
     return run_id
+
+
+@functools.lru_cache(maxsize=1)
+def source_tags() -> dict[str, str]:
+    """fp8lab's version and, from a checkout, its git commit (the report's Environment section)."""
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, version
+
+    tags = {}
+    try:
+        tags["fp8lab.version"] = version("fp8lab")
+    except PackageNotFoundError:
+        pass
+    source = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    if proc.returncode == 0 and proc.stdout.strip():
+        tags["mlflow.source.git.commit"] = proc.stdout.strip()
+    return tags
 
 
 def _log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:

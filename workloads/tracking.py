@@ -29,7 +29,7 @@ class TrialLogger(Protocol):
     """What the training code may call; an implementation decides where the numbers go."""
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None: ...
-    def log_final(self, metrics: dict[str, float]) -> None: ...
+    def log_final(self, metrics: dict[str, float], step: int = 0) -> None: ...
     def set_tags(self, tags: dict[str, Any]) -> None: ...
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_text(self, text: str, artifact_path: str) -> None: ...
@@ -57,8 +57,8 @@ class MlflowTrialLogger:
         if len(self._metrics) >= self.flush_every:
             self._try_flush()
 
-    def log_final(self, metrics: dict[str, float]) -> None:
-        self.log_step(0, metrics)
+    def log_final(self, metrics: dict[str, float], step: int = 0) -> None:
+        self.log_step(step, metrics)
         self.flush()
 
     def set_tags(self, tags: dict[str, Any]) -> None:

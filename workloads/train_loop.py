@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
-from transformers import get_cosine_schedule_with_warmup
+from transformers import get_scheduler
 
 ProgressFn = Callable[[int, dict[str, float]], None]
 
@@ -23,6 +23,7 @@ class LoopSettings:
     lr: float
     weight_decay: float
     warmup_steps: int
+    lr_schedule: str  # constant | cosine | linear (after warmup)
     grad_clip: float | None
     log_every: int
     telemetry_every: int | None  # None = telemetry off
@@ -61,7 +62,8 @@ def train_step(model: Any, batch: dict[str, torch.Tensor], handle: Any, optimize
 
 def make_optimizer(params: list[torch.nn.Parameter], settings: LoopSettings) -> tuple[torch.optim.Optimizer, Any]:
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, settings.warmup_steps, settings.steps)
+    name = "constant_with_warmup" if settings.lr_schedule == "constant" else settings.lr_schedule
+    scheduler = get_scheduler(name, optimizer, num_warmup_steps=settings.warmup_steps, num_training_steps=settings.steps)
     return optimizer, scheduler
 
 

@@ -49,6 +49,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext, progress: ProgressFn | 
     logger = MlflowTrialLogger(ctx.tracking_uri, ctx.run_id)
     log_path, handler = _capture_log()
     result = _result_skeleton(config, ctx)
+    started = time.perf_counter()
     try:
         logger.client.update_run(ctx.run_id, status="RUNNING")
         logger.set_tags({"fp8lab.status": "RUNNING"})
@@ -58,6 +59,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext, progress: ProgressFn | 
         result.update(status="FAILED", reason=f"{type(exc).__name__}: {exc}")
     finally:
         logging.getLogger().removeHandler(handler)
+        result["metrics"]["trial/wall_s"] = time.perf_counter() - started
         _close_run(logger, result, log_path)
     return result
 
@@ -74,6 +76,7 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     policy = get_policy(config["precision"]["policy"]).with_switches(**(config["precision"]["switches"] or {}))
     tele_cfg = config["precision"]["telemetry"]
     telemetry = Fp8Telemetry(underflow_threshold_pct=tele_cfg["underflow_threshold_pct"])
+    base_metrics = _evaluate(model, tokenizer, config, device, prefix="eval/base_") if config["eval"]["before_training"] else {}
     handle = apply_policy(model, policy, telemetry)
     result.update(backend=handle.backend, emulated=bool(handle.emulated))
     _log_setup(logger, config, result, handle, policy)
@@ -84,14 +87,15 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     model.train()
     faults = FaultInjector(config.get("fault"))
     train = run_training(model, handle, telemetry, batches, settings, logger, progress, before_step=faults.before_step)
-    metrics = _train_metrics(train, memory, handle)
+    metrics = {**base_metrics, **_train_metrics(train, memory, handle)}
     if train.status == "DIVERGED":
         result.update(status="DIVERGED", reason=f"non-finite loss at step {train.diverged_step}",
                       diverged_step=train.diverged_step)
     else:
         metrics.update(_evaluate(model, tokenizer, config, device))
+    metrics["train/tokens_per_epoch"] = float(train_data.attention_mask.sum())
     result["metrics"] = metrics
-    logger.log_final(metrics)
+    logger.log_final(metrics, step=train.steps_done)  # at the last step, so MLflow's latest value is the final one
     _log_telemetry(logger, train)
 
 
@@ -127,7 +131,8 @@ def _loop_settings(config: dict[str, Any]) -> LoopSettings:
     train, tele = config["train"], config["precision"]["telemetry"]
     return LoopSettings(
         steps=train["steps"], lr=train["lr"], weight_decay=train["weight_decay"],
-        warmup_steps=train["warmup_steps"], grad_clip=train["grad_clip"], log_every=train["log_every"],
+        warmup_steps=train["warmup_steps"], lr_schedule=train["lr_schedule"], grad_clip=train["grad_clip"],
+        log_every=train["log_every"],
         telemetry_every=tele["every"] if tele["enabled"] else None,
     )
 
@@ -138,9 +143,23 @@ def _log_setup(logger: MlflowTrialLogger, config: dict[str, Any], result: dict[s
     logger.set_tags({"fp8lab.backend": handle.backend, "fp8lab.emulated": str(bool(handle.emulated)).lower(),
                      "fp8lab.device": result["device"], "fp8lab.policy_version": policy.version,
                      "fp8lab.ablation": getattr(policy, "ablation", "") or "",
-                     "fp8lab.cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")})
+                     "fp8lab.cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                     **_version_tags()})
     logger.log_text(OmegaConf.to_yaml(OmegaConf.create(config)), "config/resolved.yaml")
     logger.log_dict({"policy": policy.to_dict(), "plan": handle.plan}, "precision/plan.json")
+
+
+def _version_tags() -> dict[str, str]:
+    """Versions of the stack that computed the numbers (the report's Environment section)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    tags = {}
+    for package in ("torch", "transformers", "peft", "lm_eval", "mlflow", "ray", "torchao"):
+        try:
+            tags[f"fp8lab.versions.{package}"] = version(package.replace("_", "-"))
+        except PackageNotFoundError:
+            continue
+    return tags
 
 
 def _train_metrics(train: TrainResult, memory: PeakMemory, handle: Any) -> dict[str, float]:
@@ -155,7 +174,8 @@ def _train_metrics(train: TrainResult, memory: PeakMemory, handle: Any) -> dict[
     }
 
 
-def _evaluate(model: Any, tokenizer: Any, config: dict[str, Any], device: torch.device) -> dict[str, float]:
+def _evaluate(model: Any, tokenizer: Any, config: dict[str, Any], device: torch.device,
+              prefix: str = "eval/") -> dict[str, float]:
     ev, data = config["eval"], config["data"]
     started = time.perf_counter()
     model.eval()
@@ -166,8 +186,8 @@ def _evaluate(model: Any, tokenizer: Any, config: dict[str, Any], device: torch.
             include_path=ev["include_path"], limit=ev["limit"], batch_size=ev["batch_size"],
             num_fewshot=ev["num_fewshot"], device=str(device),
         )
-    return {"eval/accuracy": out["accuracy"], "eval/accuracy_stderr": out["accuracy_stderr"],
-            "eval/n": float(out["n"]), "eval/wall_s": time.perf_counter() - started}
+    return {f"{prefix}accuracy": out["accuracy"], f"{prefix}accuracy_stderr": out["accuracy_stderr"],
+            f"{prefix}n": float(out["n"]), f"{prefix}wall_s": time.perf_counter() - started}
 
 
 def _eval_data_dir(data_path: str, task: str) -> str | None:
@@ -208,6 +228,7 @@ def _close_run(logger: MlflowTrialLogger, result: dict[str, Any], log_path: Path
         tags = {"fp8lab.status": result["status"], "fp8lab.reason": result["reason"][:5000]}
         if result.get("diverged_step") is not None:
             tags["fp8lab.diverged_step"] = result["diverged_step"]
+        logger.log_step(int(result["metrics"].get("train/steps_done", 0)), {"trial/wall_s": result["metrics"]["trial/wall_s"]})
         logger.flush()
         logger.set_tags(tags)
         logger.log_text(json.dumps(result, indent=2, default=str), "result.json")

@@ -1,0 +1,224 @@
+"""Raw MLflow rows -> one tidy row per trial (pure pandas, no MLflow calls).
+
+The raw frame follows `mlflow.search_runs`' column convention (`tags.*`, `params.*`,
+`metrics.*` plus `run_id`, `run_name`, `mlflow_status`, `start_time`), so tests can build it by
+hand. This module decides what a run *is* for the statistics:
+
+- status: FINISHED / DIVERGED / FAILED from tag `fp8lab.status` (MLflow's own status says FINISHED
+  for diverged trials), INCOMPLETE when MLflow says RUNNING / SCHEDULED / KILLED. Only FINISHED
+  and DIVERGED trials are *counted* (a diverged seed is part of what a policy delivers; dropping it
+  would flatter unstable policies). FAILED and INCOMPLETE runs are listed, never averaged.
+- retries: one row per `fp8lab.trial_id`; the FINISHED run wins, then DIVERGED, FAILED,
+  INCOMPLETE, then the latest start time. The others are kept aside as "superseded".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+from analysis.options import ReportOptions
+
+STATUSES = ("FINISHED", "DIVERGED", "FAILED", "INCOMPLETE")
+COUNTED = ("FINISHED", "DIVERGED")
+_STATUS_RANK = {s: i for i, s in enumerate(STATUSES)}
+_INCOMPLETE_MLFLOW = {"RUNNING", "SCHEDULED", "KILLED"}
+AXIS_TAG_PREFIX = "tags.fp8lab.axis."
+AXIS_PREFIX = "axis."
+# MLflow stores +-inf as +-float max; anything this large is treated as non-finite.
+_HUGE = 1e300
+
+# Short column names of the tidy frame -> where they come from.
+METRIC_COLUMNS = {
+    "accuracy": "accuracy_metric",
+    "tokens_per_s": "throughput_metric",
+    "peak_bytes": "memory_metric",
+}
+FIXED_METRICS = {
+    "accuracy_stderr": "eval/accuracy_stderr",
+    "final_loss": "train/final_loss",
+    "underflow_events": "underflow/events",
+    "wall_s": "train/wall_s",
+}
+
+
+def natural_key(value: object) -> tuple:
+    """Sort key where 'layers.10' comes after 'layers.9' and numbers sort numerically."""
+    parts = re.split(r"(\d+(?:\.\d+)?)", str(value))
+    return tuple((0, float(p), "") if re.fullmatch(r"\d+(?:\.\d+)?", p) else (1, 0.0, p) for p in parts)
+
+
+def to_float(value: object) -> float:
+    """Parse a metric/param value; missing, unparsable or +-inf (MLflow's float max) -> NaN."""
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+    return x if math.isfinite(x) and abs(x) < _HUGE else math.nan
+
+
+def _col(raw: pd.DataFrame, name: str) -> pd.Series:
+    """A column of the raw frame, or an all-missing one (absent tags never crash)."""
+    if name in raw.columns:
+        return raw[name]
+    return pd.Series([None] * len(raw), index=raw.index, dtype=object)
+
+
+def _str_col(raw: pd.DataFrame, name: str, default: str = "") -> pd.Series:
+    s = _col(raw, name)
+    return s.where(s.notna(), default).astype(str)
+
+
+def _num_col(raw: pd.DataFrame, name: str) -> pd.Series:
+    return _col(raw, name).map(to_float).astype(float)
+
+
+def axis_columns(frame: pd.DataFrame) -> list[str]:
+    """The tidy frame's sweep-axis columns (`axis.<key>`), in a stable order."""
+    return sorted((c for c in frame.columns if c.startswith(AXIS_PREFIX)), key=natural_key)
+
+
+def classify_status(mlflow_status: str, tag_status: str) -> str:
+    """Trial status from MLflow's run status and the `fp8lab.status` tag.
+
+    The orchestrator also writes SCHEDULED / RUNNING / KILLED into the tag; any of those, in the
+    tag or as MLflow's status, means the trial has no result (yet).
+    """
+    tag = str(tag_status or "").upper()
+    if str(mlflow_status).upper() in _INCOMPLETE_MLFLOW or tag in _INCOMPLETE_MLFLOW:
+        return "INCOMPLETE"
+    if tag in ("FINISHED", "DIVERGED", "FAILED"):
+        return tag
+    return "FAILED" if str(mlflow_status).upper() == "FAILED" else "FINISHED"
+
+
+def tidy_runs(raw: pd.DataFrame, options: ReportOptions | None = None) -> pd.DataFrame:
+    """One row per MLflow run with the columns the statistics use.
+
+    Missing tags become "" and missing metrics NaN; nothing here raises on absent data.
+    """
+    options = options or ReportOptions()
+    out = pd.DataFrame(index=raw.index)
+    out["run_id"] = _str_col(raw, "run_id")
+    out["run_name"] = _str_col(raw, "run_name")
+    out["mlflow_status"] = _str_col(raw, "mlflow_status", "UNKNOWN").str.upper()
+    out["start_time"] = _num_col(raw, "start_time")
+    out["sweep_id"] = _str_col(raw, "tags.fp8lab.sweep_id")
+    trial = _str_col(raw, "tags.fp8lab.trial_id")
+    out["trial_id"] = trial.where(trial != "", out["run_id"])
+    out["policy"] = _str_col(raw, "tags.fp8lab.policy")
+    fallback = _str_col(raw, "params.precision.policy")
+    out["policy"] = out["policy"].where(out["policy"] != "", fallback).replace("", "unknown")
+    out["seed"] = _num_col(raw, "tags.fp8lab.seed")
+    out["ablation"] = _str_col(raw, "tags.fp8lab.ablation")
+    out["status"] = [
+        classify_status(m, t) for m, t in zip(out["mlflow_status"], _str_col(raw, "tags.fp8lab.status"), strict=True)
+    ]
+    out["counted"] = out["status"].isin(COUNTED)
+    out["reason"] = _str_col(raw, "tags.fp8lab.reason")
+    out["diverged_step"] = _num_col(raw, "tags.fp8lab.diverged_step")
+    out["backend"] = _str_col(raw, "tags.fp8lab.backend")
+    out["device"] = _str_col(raw, "tags.fp8lab.device")
+    out["emulated"] = _str_col(raw, "tags.fp8lab.emulated").str.lower().isin(("true", "1", "yes"))
+    out["reused"] = _col(raw, "reused").eq(True)
+    for short, attr in METRIC_COLUMNS.items():
+        out[short] = _num_col(raw, "metrics." + getattr(options, attr))
+    for short, key in FIXED_METRICS.items():
+        out[short] = _num_col(raw, "metrics." + key)
+    out["tokens_per_epoch"] = _tokens_per_epoch(raw, options)
+    for col in sorted(c for c in raw.columns if c.startswith(AXIS_TAG_PREFIX)):
+        out[AXIS_PREFIX + col[len(AXIS_TAG_PREFIX) :]] = _str_col(raw, col)
+    return out.reset_index(drop=True)
+
+
+def _tokens_per_epoch(raw: pd.DataFrame, options: ReportOptions) -> pd.Series:
+    """params size * seq_len when both are numbers, else the tokens-per-epoch metric, else NaN."""
+    size_key, len_key = options.tokens_per_epoch_params
+    from_params = _num_col(raw, "params." + size_key) * _num_col(raw, "params." + len_key)
+    from_metric = _num_col(raw, "metrics." + options.tokens_per_epoch_metric)
+    return from_params.where(np.isfinite(from_params), from_metric)
+
+
+def dedupe_trials(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Keep one run per trial_id (retries count once); return (kept, superseded).
+
+    Preference: FINISHED, DIVERGED, FAILED, INCOMPLETE, then the latest start time.
+    `superseded` gains a `superseded_by` column naming the kept run.
+    """
+    if runs.empty:
+        return runs.copy(), runs.assign(superseded_by=pd.Series(dtype=str))
+    ranked = runs.assign(
+        _rank=runs["status"].map(_STATUS_RANK).fillna(len(STATUSES)),
+        _start=runs["start_time"].fillna(-np.inf),
+    ).sort_values(["trial_id", "_rank", "_start"], ascending=[True, True, False], kind="stable")
+    first = ~ranked["trial_id"].duplicated(keep="first")
+    kept = ranked[first].drop(columns=["_rank", "_start"])
+    sup = ranked[~first].drop(columns=["_rank", "_start"])
+    winner = kept.set_index("trial_id")["run_id"]
+    sup = sup.assign(superseded_by=sup["trial_id"].map(winner))
+    return kept.sort_index().reset_index(drop=True), sup.reset_index(drop=True)
+
+
+def policy_rank(policy: str, options: ReportOptions) -> tuple[int, str]:
+    """Order policies as a reader expects: baseline, naive, protected, its ablations, others."""
+    fixed = [options.baseline_policy, options.naive_policy, options.protected_policy]
+    if policy in fixed:
+        return (fixed.index(policy), "")
+    if policy.startswith(options.protected_policy):
+        return (3, policy)
+    return (4, policy)
+
+
+def step_series(hist: pd.DataFrame, key: str) -> pd.DataFrame:
+    """One value per (run, step) of `key`: run_id, step, value; the last write of a step wins."""
+    sel = hist[hist["key"] == key] if "key" in hist else hist
+    if sel.empty:
+        return pd.DataFrame(
+            {"run_id": pd.Series(dtype=str), "step": pd.Series(dtype="int64"), "value": pd.Series(dtype=float)}
+        )
+    sel = sel.sort_values(["run_id", "step", "timestamp"], kind="stable").drop_duplicates(
+        ["run_id", "step"], keep="last"
+    )
+    return sel[["run_id", "step", "value"]].reset_index(drop=True)
+
+
+def last_written(hist: pd.DataFrame, key: str) -> pd.Series:
+    """run_id -> the value of `key` written last in time (ties: highest step).
+
+    Why: a trial logs `train/tokens_per_s` every step *and* once at the end as the whole-run mean,
+    under the same key. MLflow's "latest" value (what search_runs returns) is the one with the
+    highest step, so a final value logged at step 0 would be hidden behind the last step's
+    instantaneous reading. The final write is always the newest one.
+    """
+    sel = hist[(hist["key"] == key) & hist["value"].notna()] if "key" in hist else hist.iloc[:0]
+    if sel.empty:
+        return pd.Series(dtype=float)
+    last = sel.sort_values(["run_id", "timestamp", "step"], kind="stable").drop_duplicates("run_id", keep="last")
+    return last.set_index("run_id")["value"].astype(float)
+
+
+def apply_final_values(trials: pd.DataFrame, hist: pd.DataFrame, options: ReportOptions) -> pd.DataFrame:
+    """Replace the tidy columns of `options.final_from_history` metrics by their last-written value."""
+    by_key = {getattr(options, attr): col for col, attr in METRIC_COLUMNS.items()}
+    by_key.update({key: col for col, key in FIXED_METRICS.items()})
+    out = trials.copy()
+    for key in options.final_from_history:
+        col = by_key.get(key)
+        if col is None:
+            continue
+        final = last_written(hist, key)
+        if len(final):
+            mapped = out["run_id"].map(final)
+            out[col] = mapped.where(mapped.notna(), out[col])
+    return out
+
+
+def clean_history(hist: pd.DataFrame) -> pd.DataFrame:
+    """Metric history with MLflow's +-float-max (its encoding of inf) turned into NaN."""
+    if hist.empty:
+        return hist
+    vals = hist["value"].astype(float)
+    return hist.assign(value=vals.where(np.isfinite(vals) & (vals.abs() < _HUGE)))
