@@ -169,6 +169,9 @@ def build_summary(trials: pd.DataFrame, options: ReportOptions, superseded: pd.D
         )
         row["underflow_events_mean"] = _nanmean(_vals(sub, "underflow_events"))
         row["final_loss_mean"] = _nanmean(_vals(sub, "final_loss"))
+        stds = _vals(sub, "lora_std_min")
+        stds = stds[np.isfinite(stds)]
+        row["lora_std_min"] = float(stds.min()) if stds.size else math.nan
         row["emulated"] = bool(sub["emulated"].any())
         row["backend"] = _uniq(sub, "backend")
         row["device"] = _uniq(sub, "device")
@@ -263,6 +266,10 @@ def verdict_lines(summary: pd.DataFrame, options: ReportOptions) -> list[str]:
     return lines
 
 
+# SOURCES.md §1: a LoRA weight std below 1e-4 late in training means the adapter is collapsing.
+COLLAPSE_STD = 1e-4
+
+
 def _stability(r: Mapping[Any, Any]) -> str:
     bits = []
     n = int(r["n_trials"])
@@ -270,6 +277,10 @@ def _stability(r: Mapping[Any, Any]) -> str:
         k = int(r[key])
         if k:
             bits.append(f"{k} of {n} trial(s) {word}")
+    if fmt.ok(r.get("lora_std_min")) and r["lora_std_min"] < COLLAPSE_STD:
+        bits.append(f"LoRA collapse detector fired: the smallest LoRA weight std at the end is {r['lora_std_min']:.1e} "
+                    f"(< {COLLAPSE_STD:g}, SOURCES.md §1), so some adapter matrices never left their zero init "
+                    "and the fine-tune did not change the model")
     unevaluated = int(r.get("n_diverged_no_acc", 0) or 0)
     if unevaluated:
         bits.append(f"{unevaluated} diverged trial(s) were not evaluated and are missing from the accuracy mean")

@@ -42,6 +42,7 @@ FIXED_METRICS = {
     "final_loss": "train/final_loss",
     "underflow_events": "underflow/events",
     "wall_s": "train/wall_s",
+    "lora_std_min": "train/lora_weight_std_min",
 }
 
 

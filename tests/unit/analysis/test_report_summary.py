@@ -209,3 +209,12 @@ def test_unevaluated_diverged_seed_is_disclosed() -> None:
     assert naive["n_seeds"] == 2 and naive["n_diverged"] == 1 and naive["n_diverged_no_acc"] == 1
     line = next(v for v in verdict_lines(s, ReportOptions()) if v.startswith("fp8_naive"))
     assert "1 of 3 trial(s) diverged" in line and "missing from the accuracy mean" in line
+
+
+def test_collapse_detector_flags_lora_weights_that_never_moved() -> None:
+    trials = trials_of([("bf16", 0, 0.9, 1000.0, 1.0, "FINISHED", {}, ""), ("fp8_naive", 0, 0.2, 900.0, 1.0, "FINISHED", {}, "")])
+    trials.loc[trials["policy"] == "bf16", "lora_std_min"] = 5e-3
+    trials.loc[trials["policy"] == "fp8_naive", "lora_std_min"] = 0.0
+    lines = dict(line.split(": ", 1) for line in verdict_lines(build_summary(trials, ReportOptions()), ReportOptions()))
+    assert "LoRA collapse detector fired" in lines["fp8_naive"]
+    assert "collapse" not in lines["bf16"]
