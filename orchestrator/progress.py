@@ -44,7 +44,7 @@ def render_table(specs: list[Any], rows: dict[str, dict[str, Any]], total_steps:
         started, ended = row.get("started"), row.get("ended") or time.time()
         table.add_row(
             spec.run_name,
-            f"[{STATE_STYLE.get(state, '')}]{state}[/]",
+            _styled(state),
             f"{row.get('step', 0)}/{spec.config['train']['steps']}",
             _fmt(row.get("loss"), ".4f"),
             _fmt(row.get("tokens_per_s"), ".0f"),
@@ -62,10 +62,15 @@ def summary_table(specs: list[Any], results: dict[str, dict[str, Any]], title: s
         result = results.get(spec.trial_id, {})
         metrics = result.get("metrics", {})
         status = result.get("status", "-")
-        table.add_row(spec.run_name, f"[{STATE_STYLE.get(status, '')}]{status}[/]",
+        table.add_row(spec.run_name, _styled(status),
                       _fmt(metrics.get("eval/accuracy"), ".3f"), _fmt(metrics.get("train/tokens_per_s"), ".0f"),
                       _fmt(metrics.get("train/final_loss"), ".4f"), spec.trial_id, (result.get("reason") or "")[:60])
     return table
+
+
+def _styled(state: str) -> str:
+    style = STATE_STYLE.get(state)
+    return f"[{style}]{state}[/]" if style else state
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -137,16 +137,15 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any], str | None]]:
 
 
 def check_policy(precision_cfg: dict[str, Any]) -> list[str]:
+    from workloads.precision.backends import backend_policy_errors
     from workloads.precision.policy import get_policy
 
     try:
-        get_policy(precision_cfg["policy"]).with_switches(**(precision_cfg.get("switches") or {}))
+        policy = get_policy(precision_cfg["policy"]).with_switches(**(precision_cfg.get("switches") or {}))
     except (ValueError, TypeError, KeyError) as exc:
         return [f"precision.policy: {exc}" if "switch" not in str(exc) else f"precision.switches: {exc}"]
-    if precision_cfg["backend"] not in ("emulated", "auto"):
-        return [f"precision.backend: '{precision_cfg['backend']}' is not available in this version "
-                "(fix: precision.backend=emulated)"]
-    return []
+    return [f"precision.backend: {problem}" if not problem.startswith("precision.") else problem
+            for problem in backend_policy_errors(precision_cfg["backend"], policy)]
 
 
 def check_device(train_cfg: dict[str, Any], cluster_cfg: dict[str, Any]) -> list[str]:

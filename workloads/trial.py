@@ -22,7 +22,7 @@ from workloads.evaluate import embedded_paths, evaluate_model
 from workloads.faults import FaultInjector
 from workloads.memory import PeakMemory
 from workloads.model_loading import attach_lora, load_base_model
-from workloads.precision.apply import apply_policy
+from workloads.precision.backends import apply_backend, select_backend
 from workloads.precision.policy import get_policy
 from workloads.precision.telemetry import Fp8Telemetry
 from workloads.tracking import MlflowTrialLogger, write_parquet
@@ -77,8 +77,10 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     tele_cfg = config["precision"]["telemetry"]
     telemetry = Fp8Telemetry(underflow_threshold_pct=tele_cfg["underflow_threshold_pct"])
     base_metrics = _evaluate(model, tokenizer, config, device, prefix="eval/base_") if config["eval"]["before_training"] else {}
-    handle = apply_policy(model, policy, telemetry)
+    choice = select_backend(config["precision"]["backend"], device)
+    handle = apply_backend(model, policy, telemetry, choice)
     result.update(backend=handle.backend, emulated=bool(handle.emulated))
+    logger.set_tags({"fp8lab.backend_reason": choice.reason[:5000]})
     _log_setup(logger, config, result, handle, policy)
     settings = _loop_settings(config)
     batches = data_mod.batches(train_data, settings_batch(config), settings.steps, config["seed"])
@@ -205,7 +207,8 @@ def _log_telemetry(logger: MlflowTrialLogger, train: TrainResult) -> None:
 
 def _result_skeleton(config: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
     return {"trial_id": ctx.trial_id, "policy": ctx.policy_label, "seed": config["seed"], "status": "FINISHED",
-            "reason": "", "backend": config["precision"]["backend"], "device": "unknown", "emulated": True,
+            "reason": "", "backend": "emulated" if config["precision"]["backend"] == "auto" else config["precision"]["backend"],
+            "device": "unknown", "emulated": True,
             "mlflow_run_id": ctx.run_id, "metrics": {}}
 
 

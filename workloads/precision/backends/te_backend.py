@@ -1,0 +1,305 @@
+"""Transformer Engine backend (optional extra ``fp8lab[te]``; needs CUDA and an SM 8.9+ GPU).
+
+``apply_te(model, policy, telemetry)``:
+
+1. the emulated backend's ``apply_policy`` with the base casts switched off (dtypes, LoRA
+   adapters, LoRA grad scaler, plan) -- LoRA adapters stay PEFT modules with FP32 masters and
+   BF16 GEMMs (or the emulated FP8 LoRA GEMM when ``lora_gemm='fp8'``);
+2. each PEFT ``LoraLayer``'s frozen ``base_layer`` (and the output embedding when
+   ``lm_head_fp8``) with dims that are multiples of 16 becomes a ``te.Linear`` holding the same
+   BF16 weight, frozen (TE then runs no wgrad GEMM);
+3. the model's ``forward`` is wrapped in ``te.autocast(recipe=...)`` (``te.fp8_autocast`` on TE
+   releases before ``autocast`` existed), so the trainer and lm-eval need no change.
+
+Policy -> TE recipe (``map_policy_te``): any ``block`` cast -> ``Float8BlockScaling`` (E4M3,
+1x128 activation/grad tiles, 128x128 weight blocks: what DESIGN.md's ``block`` means); else any
+``delayed`` cast -> ``DelayedScaling`` (HYBRID when dgrad is E5M2, the policy's amax history
+length / algo / margin; calibration forwards run under ``autocast(calibrating=True)``); else
+``Float8CurrentScaling``. Differences (a TE recipe applies one scaling kind to every tensor) are
+listed in ``handle.deviations`` and the plan. Plain (unscaled) casts -- ``fp8_naive`` -- have no
+TE recipe and raise; so do partial base FP8 and non-E4M3 weights/activations.
+
+Telemetry: TE does its casts in fused kernels, so only the LoRA-side rows (LoRA grad norms,
+weight std, emulated LoRA FP8 casts) are recorded; activation/weight/dgrad underflow needs TE's
+own debug API (``nvdlfw_inspect`` LogFp8TensorStats, whose definitions ours follow) -- not wired.
+
+Nothing here is importable-tested on CPU: TE cannot be imported without CUDA libraries. The GPU
+test is ``tests/gpu/test_te_backend.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from peft.tuners.lora import LoraLayer
+from torch import nn
+
+from workloads.precision.apply import PrecisionHandle, apply_policy
+from workloads.precision.policy import PrecisionPolicy, get_policy
+from workloads.precision.telemetry import Fp8Telemetry
+
+__all__ = ["TeHandle", "TeMapping", "TePolicyError", "apply_te", "import_te", "map_policy_te"]
+
+_FIELDS = ("base_weight", "base_activation", "base_dgrad")
+
+
+class TePolicyError(ValueError):
+    """The policy asks for something Transformer Engine cannot run."""
+
+
+def import_te() -> Any:
+    """``transformer_engine.pytorch``, or an ImportError that says what to do."""
+    try:
+        import transformer_engine.pytorch as te
+    except Exception as exc:  # noqa: BLE001 - OSError/RuntimeError without CUDA libraries
+        raise ImportError(
+            "precision.backend=transformer_engine needs Transformer Engine with CUDA: pip install"
+            f" 'fp8lab[te]' on a CUDA machine ({type(exc).__name__}: {exc})"
+        ) from exc
+    return te
+
+
+@dataclass(frozen=True)
+class TeMapping:
+    """Which TE recipe runs a policy (pure data, no TE import)."""
+
+    recipe: str | None  # DelayedScaling | Float8CurrentScaling | Float8BlockScaling | None
+    fp8_format: str = "HYBRID"  # HYBRID (E4M3 fwd, E5M2 bwd) | E4M3
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    deviations: tuple[str, ...] = ()
+
+    def build(self) -> Any:
+        """The ``transformer_engine.common.recipe`` object."""
+        from transformer_engine.common import recipe as te_recipe
+
+        cls = getattr(te_recipe, self.recipe)
+        return cls(fp8_format=getattr(te_recipe.Format, self.fp8_format), **self.kwargs)
+
+
+def map_policy_te(policy: PrecisionPolicy | str) -> TeMapping:
+    """Map the policy's base casts to one TE recipe (module docstring); raises TePolicyError."""
+    policy = get_policy(policy) if isinstance(policy, str) else policy
+    specs = {f: getattr(policy, f) for f in _FIELDS}
+    on = [f for f, s in specs.items() if s.enabled]
+    if not on:
+        return TeMapping(recipe=None)
+    fix = "; fix: precision.backend=torchao or emulated"
+    if len(on) != len(specs):
+        raise TePolicyError(
+            f"policy {policy.name!r} casts only some base GEMM operands to FP8 ({', '.join(on)});"
+            f" a TE recipe casts all of them{fix}"
+        )
+    plain = [f for f, s in specs.items() if s.recipe.kind == "none"]
+    if plain:
+        raise TePolicyError(
+            f"policy {policy.name!r} uses plain (unscaled) FP8 casts ({', '.join(plain)}), which"
+            f" no Transformer Engine recipe does{fix}"
+        )
+    for f in ("base_weight", "base_activation"):
+        if specs[f].fmt != "e4m3":
+            raise TePolicyError(f"policy {policy.name!r}: {f}={specs[f].tag}; TE needs E4M3{fix}")
+    kinds = {f: s.recipe.kind for f, s in specs.items()}
+    dgrad_fmt = specs["base_dgrad"].fmt
+    deviations: list[str] = []
+    if "block" in kinds.values():
+        recipe, fmt, kwargs = "Float8BlockScaling", "E4M3", {}
+        for f, k in kinds.items():
+            if k != "block":
+                deviations.append(f"{f}: {specs[f].recipe.tag} -> block (TE Float8BlockScaling)")
+        if dgrad_fmt == "e5m2":
+            deviations.append("base_dgrad: e5m2 -> e4m3 (Float8BlockScaling is E4M3 throughout)")
+    elif "delayed" in kinds.values():
+        delayed = [specs[f].recipe for f, k in kinds.items() if k == "delayed"]
+        r = delayed[0]
+        recipe = "DelayedScaling"
+        fmt = "HYBRID" if dgrad_fmt == "e5m2" else "E4M3"
+        kwargs = {
+            "amax_history_len": max(d.amax_history_len for d in delayed),
+            "amax_compute_algo": r.amax_compute_algo,
+            "margin": r.margin,
+        }
+        for f, k in kinds.items():
+            if k != "delayed":
+                deviations.append(f"{f}: {specs[f].recipe.tag} -> delayed (TE DelayedScaling)")
+    else:
+        recipe, kwargs = "Float8CurrentScaling", {}
+        fmt = "HYBRID" if dgrad_fmt == "e5m2" else "E4M3"
+    if policy.calibration_steps and recipe != "DelayedScaling":
+        deviations.append(f"calibration: {policy.calibration_steps} steps skipped (no history)")
+    return TeMapping(recipe, fmt, kwargs, tuple(deviations))
+
+
+@dataclass
+class TeHandle(PrecisionHandle):
+    """A PrecisionHandle whose calibration runs under ``te.autocast(calibrating=True)``."""
+
+    recipe: str | None = None
+    deviations: tuple[str, ...] = ()
+    converted: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    te_recipe: Any = None
+    calibrating: bool = False
+
+    def autocast(self) -> Any:
+        """The context every forward runs in (installed around ``model.forward``)."""
+        te = import_te()
+        if self.te_recipe is None:
+            return _nullcontext()
+        enabled = not self.calibrating
+        if hasattr(te, "autocast"):
+            return te.autocast(enabled=enabled, calibrating=self.calibrating, recipe=self.te_recipe)
+        return te.fp8_autocast(
+            enabled=enabled, calibrating=self.calibrating, fp8_recipe=self.te_recipe
+        )
+
+    def calibrate(self, run_forward: Callable[[Any], Any], batches: Iterable[Any]) -> int:
+        """Up to ``calibration_steps`` no-grad forwards in TE's calibrating mode (BF16 numerics,
+        amax histories filled). Only for DelayedScaling; returns the number of forwards."""
+        steps = self.policy.calibration_steps
+        if steps <= 0 or self.recipe != "DelayedScaling" or not self.converted:
+            return 0
+        done = 0
+        recording = self.telemetry.recording if self.telemetry else False
+        if self.telemetry:
+            self.telemetry.recording = False
+        self.calibrating = True
+        try:
+            with torch.no_grad():
+                for batch in batches:
+                    if done >= steps:
+                        break
+                    run_forward(batch)
+                    done += 1
+        finally:
+            self.calibrating = False
+            if self.telemetry:
+                self.telemetry.recording = recording
+        return done
+
+
+@contextmanager
+def _nullcontext() -> Iterator[None]:
+    yield
+
+
+def apply_te(
+    model: nn.Module,
+    policy: PrecisionPolicy | str,
+    telemetry: Fp8Telemetry | None = None,
+) -> TeHandle:
+    """Convert ``model`` (a PEFT LoRA model on CUDA) in place; see the module docstring."""
+    te = import_te()
+    policy = get_policy(policy) if isinstance(policy, str) else policy
+    mapping = map_policy_te(policy)
+    hp_policy = policy.with_switches(
+        base_weight=None, base_activation=None, base_dgrad=None, lm_head_fp8=False
+    )
+    base = apply_policy(model, hp_policy, telemetry)
+    converted: list[str] = []
+    skipped: list[str] = []
+    plan = list(base.plan)
+    if mapping.recipe is not None:
+        for name, parent, attr, linear in _targets(model, policy):
+            if linear.in_features % 16 or linear.out_features % 16:
+                skipped.append(name)
+                plan.append(_row(name, "base", "all", "bf16", "TE: dims not multiples of 16"))
+                continue
+            setattr(parent, attr, _to_te_linear(te, linear))
+            converted.append(name)
+        plan = _te_plan(plan, mapping, converted)
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(PrecisionHandle)}
+    fields.update(policy=policy, plan=plan, backend="transformer_engine", emulated=False)
+    handle = TeHandle(
+        **fields,
+        recipe=mapping.recipe,
+        deviations=mapping.deviations if converted else (),
+        converted=converted,
+        skipped=skipped,
+        te_recipe=mapping.build() if converted else None,
+    )
+    if converted:
+        _wrap_forward(model, handle)
+    return handle
+
+
+def _targets(
+    model: nn.Module, policy: PrecisionPolicy
+) -> list[tuple[str, nn.Module, str, nn.Linear]]:
+    """(name, parent, attribute, linear) of each frozen base linear the policy puts in FP8."""
+    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out = []
+    seen = set()
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer) and type(module.base_layer) is nn.Linear:
+            is_head = module is lm_head or module.base_layer is lm_head
+            if policy.lm_head_fp8 or not is_head:
+                out.append((name, module, "base_layer", module.base_layer))
+                seen.add(id(module.base_layer))
+    if policy.lm_head_fp8 and type(lm_head) is nn.Linear and id(lm_head) not in seen:
+        for name, module in model.named_modules():
+            if module is lm_head:
+                parent_name, _, attr = name.rpartition(".")
+                parent = model.get_submodule(parent_name) if parent_name else model
+                out.append((name, parent, attr, lm_head))
+    return out
+
+
+@torch.no_grad()
+def _to_te_linear(te: Any, linear: nn.Linear) -> nn.Module:
+    w = linear.weight
+    new = te.Linear(
+        linear.in_features,
+        linear.out_features,
+        bias=linear.bias is not None,
+        params_dtype=w.dtype,
+        device=w.device,
+    )
+    new.weight.copy_(w)
+    new.weight.requires_grad_(False)  # frozen base: TE skips the wgrad GEMM
+    if linear.bias is not None:
+        new.bias.copy_(linear.bias)
+        new.bias.requires_grad_(False)
+    return new
+
+
+def _wrap_forward(model: nn.Module, handle: TeHandle) -> None:
+    """Every forward (training, calibration, lm-eval) runs inside the handle's TE autocast."""
+    inner = model.forward
+
+    @functools.wraps(inner)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with handle.autocast():
+            return inner(*args, **kwargs)
+
+    model.forward = forward
+
+
+def _te_plan(plan: list[dict[str, Any]], mapping: TeMapping, converted: list[str]) -> list[dict]:
+    names = set(converted)
+    out = [r for r in plan if not (r["module"] in names and r["role"] in ("base", "lm_head"))]
+    fwd = "e4m3"
+    bwd = "e5m2" if mapping.fp8_format == "HYBRID" else "e4m3"
+    scaling = {"DelayedScaling": "delayed", "Float8CurrentScaling": "current"}.get(
+        mapping.recipe, "block128"
+    )
+    act = "block1x128" if scaling == "block128" else scaling
+    for name in converted:
+        role = "lm_head" if name.endswith("lm_head") else "base"
+        out.append(_row(name, role, "weight", f"{fwd}/{scaling}", f"te.Linear ({mapping.recipe})"))
+        out.append(_row(name, role, "activation", f"{fwd}/{act}", "fwd GEMM input"))
+        out.append(_row(name, role, "dgrad", f"{bwd}/{act}", "grad_output in dgrad GEMM"))
+        out.append(_row(name, role, "wgrad", "none", "frozen: no weight gradient"))
+    out.append(_row("*", "backend", "transformer_engine", mapping.recipe or "bf16",
+                    f"{mapping.recipe}({mapping.fp8_format}, {mapping.kwargs})"))  # fmt: skip
+    out.extend(_row("*", "backend", "deviation", "", d) for d in mapping.deviations)
+    return out
+
+
+def _row(module: str, role: str, tensor: str, fmt: str, note: str) -> dict[str, Any]:
+    return {"module": module, "role": role, "tensor": tensor, "format": fmt, "note": note}

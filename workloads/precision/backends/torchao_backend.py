@@ -1,0 +1,555 @@
+"""torchao backend: the frozen base linears run torchao float8 training GEMMs.
+
+``apply_torchao(model, policy, telemetry, emulate)`` does, in order:
+
+1. the emulated backend's ``apply_policy`` with the policy's *base* casts switched off: it sets
+   the dtypes, wraps the LoRA adapters (``LoraComputeLinear``, or ``Fp8LoraLinear`` for
+   ``lora_gemm='fp8'``), rounds FP8 LoRA storage, builds the LoRA grad scaler and the plan. The
+   LoRA-side switches therefore behave exactly as on the emulated backend (their FP8 casts stay
+   emulated: rank-r adapter GEMMs gain nothing from FP8 tensor cores);
+2. ``torchao.float8.convert_to_float8_training`` with a ``module_filter_fn`` that admits only the
+   frozen ``base_layer`` of each PEFT ``LoraLayer`` (plus the output embedding when
+   ``lm_head_fp8``) whose dims are multiples of 16 (``torch._scaled_mm``'s requirement). PEFT's
+   ``lora_A``/``lora_B`` are ``nn.Linear`` too and are rejected by identity, not by name;
+3. each converted ``Float8Linear`` becomes a ``FrozenBaseFloat8Linear``: the same casts
+   (torchao's own ``hp_tensor_to_float8_dynamic``) and the same FP8 ``mm`` (``_scaled_mm``, or
+   FP32 with ``emulate=True``), but the frozen weight gets no weight-gradient GEMM and the input
+   is not saved for backward. torchao's ``Float8Linear`` always computes ``grad_weight`` (and
+   keeps the input alive for it), even for a weight with ``requires_grad=False``; for LoRA that
+   is a third of the base GEMMs and an activation per linear thrown away. It also adds the one
+   thing torchao cannot express: a *plain* cast (unit scale) for ``fp8_naive``-style operands.
+
+Policy -> torchao (``map_policy``; DESIGN.md §2 names on the left):
+
+======================================  =====================================================
+base casts (weight, activation, dgrad)  torchao
+======================================  =====================================================
+all off (``bf16``)                      nothing converted; identical to the emulated backend
+dgrad a plain E5M2 cast (``fp8_naive``) ``tensorwise`` (the rowwise recipes cast grads to E4M3)
+else any ``block`` operand              ``rowwise`` (finest torchao granularity: per-row
+                                        scales for activations/grads, per output channel (fwd)
+                                        / input channel (dgrad) for weights); grads in E4M3
+otherwise (current / delayed)           ``tensorwise`` (dynamic per-tensor); delayed -> current
+======================================  =====================================================
+
+Under any recipe a ``none`` (plain) operand is cast with a unit scale, i.e. exactly the policy's
+plain cast, as a real FP8 GEMM operand. torchao saturates finite values like
+``formats.saturating_cast`` but clamps Inf to the format's max (ours turns Inf into NaN).
+
+Every difference from the policy's numerics is a sentence in ``handle.deviations`` and in the
+plan; the ones that matter: torchao has no delayed scaling (so calibration is skipped and
+``fp8_protected`` == ``fp8_protected-no_calibration`` here), no 128x128 / 1x128 block scales, and
+base weights stay BF16 in memory (cast per GEMM), so ``memory/base_weight_bytes`` is the BF16
+figure. ``rowwise_with_gw_hp`` is selectable with ``recipe=`` but never derived: its one feature,
+a high-precision weight gradient, does not exist for a frozen base. Policies torchao cannot run
+raise ``TorchaoPolicyError``: some base casts on and others off (torchao casts both operands of a
+GEMM or neither), or a base weight/activation format other than E4M3.
+
+Telemetry (same definitions as ``telemetry.py``): on recorded steps the converted modules record
+``activation`` (forward input) and ``dgrad`` (incoming gradient) from the very casts the GEMMs
+use; ``weight`` (forward-GEMM weight cast) is computed once at conversion (``register_static``).
+Not recorded: the second weight cast used by dgrad (a different axis under ``rowwise``; the same
+tensor under ``tensorwise``), and anything on linears torchao did not convert (kept BF16).
+LoRA-side rows (FP8 LoRA casts, ``lora_weight``, ``wgrad``, grad norms) come from the emulated
+code as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from peft.tuners.lora import LoraLayer
+from torch import nn
+
+from workloads.precision.apply import PrecisionHandle, apply_policy
+from workloads.precision.formats import E4M3, E5M2
+from workloads.precision.policy import PrecisionPolicy, get_policy
+from workloads.precision.scaling import CastSpec
+from workloads.precision.telemetry import Fp8Telemetry, cast_stats, count_saturated
+
+__all__ = [
+    "RECIPES",
+    "TorchaoHandle",
+    "TorchaoMapping",
+    "TorchaoPolicyError",
+    "apply_torchao",
+    "frozen_base_float8_linear_cls",
+    "make_module_filter",
+    "map_policy",
+]
+
+RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+# policy field -> torchao operand name
+_OPERANDS = {"base_activation": "input", "base_weight": "weight", "base_dgrad": "grad_output"}
+
+
+class TorchaoPolicyError(ValueError):
+    """The policy asks for something torchao float8 training cannot run."""
+
+
+@dataclass(frozen=True)
+class TorchaoMapping:
+    """How one policy runs on torchao (pure data; building it does not import torchao)."""
+
+    recipe: str | None  # None: no base GEMM in FP8
+    plain: frozenset[str] = frozenset()  # operands cast with a unit scale (plain cast)
+    grad_fmt: str = "e5m2"  # target format of grad_output
+    round_scales_to_power_of_2: bool = True
+    deviations: tuple[str, ...] = ()
+    formats: dict[str, str] = field(default_factory=dict)  # operand -> plan format string
+
+    def float8_config(self, emulate: bool) -> Any:
+        """The ``torchao.float8.Float8LinearConfig`` for this mapping."""
+        from torchao.float8 import CastConfig, Float8LinearConfig
+
+        if self.recipe is None:
+            raise TorchaoPolicyError("this policy has no FP8 base GEMM to configure")
+        if self.recipe == "tensorwise":
+            grad_dtype = E5M2.dtype if self.grad_fmt == "e5m2" else E4M3.dtype
+            return Float8LinearConfig(
+                cast_config_grad_output=CastConfig(target_dtype=grad_dtype),
+                emulate=emulate,
+                round_scales_to_power_of_2=self.round_scales_to_power_of_2,
+            )
+        config = Float8LinearConfig.from_recipe_name(self.recipe)
+        return dataclasses.replace(
+            config, emulate=emulate, round_scales_to_power_of_2=self.round_scales_to_power_of_2
+        )
+
+
+def map_policy(policy: PrecisionPolicy | str, recipe: str | None = None) -> TorchaoMapping:
+    """Map ``policy``'s base casts to a torchao recipe (module docstring); ``recipe`` forces one.
+
+    Raises TorchaoPolicyError (a ValueError naming the switch and the fix) when torchao cannot
+    run the policy at all.
+    """
+    policy = get_policy(policy) if isinstance(policy, str) else policy
+    if recipe is not None and recipe not in RECIPES:
+        raise TorchaoPolicyError(f"torchao recipe {recipe!r} not in {RECIPES}")
+    specs: dict[str, CastSpec] = {op: getattr(policy, f) for f, op in _OPERANDS.items()}
+    on = {op for op, s in specs.items() if s.enabled}
+    if not on:
+        return TorchaoMapping(recipe=None)
+    fix = "; fix: precision.backend=emulated (or change the switch)"
+    if on != set(specs):
+        off = [f for f, op in _OPERANDS.items() if op not in on]
+        raise TorchaoPolicyError(
+            f"policy {policy.name!r} casts only some base GEMM operands to FP8 ({', '.join(off)}"
+            f" stay BF16); torchao casts both operands of a GEMM or neither{fix}"
+        )
+    for f in ("base_weight", "base_activation"):
+        if getattr(policy, f).fmt != "e4m3":
+            raise TorchaoPolicyError(
+                f"policy {policy.name!r}: {f}={getattr(policy, f).tag}, but torchao casts GEMM"
+                f" weights and inputs to E4M3{fix}"
+            )
+    kinds = {op: s.recipe.kind for op, s in specs.items()}
+    plain = frozenset(op for op, k in kinds.items() if k == "none")
+    dgrad = specs["grad_output"]
+    if recipe is None:
+        if "grad_output" in plain and dgrad.fmt == "e5m2":
+            recipe = "tensorwise"  # rowwise recipes cast grads to E4M3: a plain E4M3 grad differs
+        elif "block" in kinds.values():
+            recipe = "rowwise"
+        else:
+            recipe = "tensorwise"
+    grad_fmt = dgrad.fmt if recipe == "tensorwise" else "e4m3"
+    scaled = [s for op, s in specs.items() if op not in plain]
+    if recipe == "tensorwise":
+        power_2 = all(s.recipe.power_2_scale for s in scaled) if scaled else False
+    else:
+        power_2 = True  # torchao's rowwise recipes round scales to powers of two
+
+    grain = "tensorwise" if recipe == "tensorwise" else "rowwise"
+    deviations: list[str] = []
+    formats: dict[str, str] = {}
+    for field_name, op in _OPERANDS.items():
+        spec = specs[op]
+        fmt = grad_fmt if op == "grad_output" else "e4m3"
+        formats[op] = f"{fmt}/{'none' if op in plain else grain}"
+        if fmt != spec.fmt:
+            deviations.append(
+                f"{field_name}: {spec.fmt} -> {fmt} (torchao's {recipe} recipe casts gradients"
+                " to E4M3)"
+            )
+        if op not in plain:
+            text = _scaling_deviation(op, spec, recipe)
+            if text:
+                deviations.append(f"{field_name}: {text}")
+    if policy.uses_delayed_scaling and policy.calibration_steps:
+        deviations.append(
+            f"calibration: {policy.calibration_steps} steps skipped (no amax history to fill)"
+        )
+    if any(s.recipe.power_2_scale != power_2 for s in scaled):
+        deviations.append(
+            f"scales: power-of-two rounding is one torchao switch, here {power_2} for all operands"
+        )
+    deviations.append(
+        "base weights stay BF16 in memory and are cast to FP8 per GEMM (the policy stores FP8)"
+    )
+    return TorchaoMapping(
+        recipe=recipe,
+        plain=plain,
+        grad_fmt=grad_fmt,
+        round_scales_to_power_of_2=power_2,
+        deviations=tuple(deviations),
+        formats=formats,
+    )
+
+
+def _scaling_deviation(op: str, spec: CastSpec, recipe: str) -> str:
+    """How torchao's scaling of operand ``op`` differs from the policy's ('' when it doesn't)."""
+    want, kind = spec.recipe.tag, spec.recipe.kind
+    if recipe == "tensorwise":
+        got = "one per-tensor scale"
+    elif op == "weight":
+        dgrad = "per-tensor" if recipe == "rowwise_with_gw_hp" else "per-input-channel"
+        got = f"per-output-channel (fwd) / {dgrad} (dgrad) scales"
+    else:
+        got = "one scale per row (1 x K)"
+    if kind == "current":
+        return "" if recipe == "tensorwise" else f"per-tensor {want} -> {got}"
+    if kind == "delayed":
+        return f"{want} -> dynamic {got} (torchao has no delayed scaling)"
+    tiles = "128x128 blocks" if op == "weight" else f"1x{spec.recipe.block_size} tiles"
+    return f"{want} ({tiles}) -> {got}"
+
+
+# -- the frozen-base module --------------------------------------------------------------------
+_FROZEN_CLS: type | None = None
+
+
+def frozen_base_float8_linear_cls() -> type:
+    """``FrozenBaseFloat8Linear`` (built on first use: this module imports without torchao)."""
+    global _FROZEN_CLS
+    if _FROZEN_CLS is None:
+        _FROZEN_CLS = _build_frozen_cls()
+        # A module-level name (see __getattr__ below), so pickle / torch.save can find the class.
+        _FROZEN_CLS.__module__ = __name__
+        _FROZEN_CLS.__qualname__ = _FROZEN_CLS.__name__
+    return _FROZEN_CLS
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FrozenBaseFloat8Linear":
+        return frozen_base_float8_linear_cls()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _build_frozen_cls() -> type:
+    from torchao.float8.config import ScalingType
+    from torchao.float8.float8_linear import Float8Linear
+    from torchao.float8.float8_scaling_utils import (
+        get_maybe_axiswise_dim,
+        hp_tensor_to_float8_dynamic,
+    )
+    from torchao.float8.float8_training_tensor import GemmInputRole, hp_tensor_and_scale_to_float8
+
+    def cast(mod: Any, hp: torch.Tensor, operand: str, cc: Any, axis: int, role: Any) -> Any:
+        """torchao's cast of one GEMM operand, or a unit-scale (plain) cast; records telemetry."""
+        if cc.scaling_type is ScalingType.DISABLED:
+            return hp
+        if operand.split(":")[0] in mod.fp8lab_plain:
+            one = torch.ones((), dtype=torch.float32, device=hp.device)
+            q = hp_tensor_and_scale_to_float8(
+                hp, one, cc.target_dtype, mod.linear_mm_config, role
+            )
+        else:
+            q = hp_tensor_to_float8_dynamic(
+                hp,
+                cc.target_dtype,
+                mod.linear_mm_config,
+                gemm_input_role=role,
+                scaling_granularity=cc.scaling_granularity,
+                axiswise_dim=get_maybe_axiswise_dim(axis, cc.scaling_granularity),
+                round_scales_to_power_of_2=mod.config.round_scales_to_power_of_2,
+            )
+        kind = {"input": "activation", "grad_output": "dgrad"}.get(operand)
+        tel = mod.fp8lab_telemetry
+        if kind is not None and tel is not None and tel.recording:
+            tel.record_cast(mod.fp8lab_name, kind, hp, *_dequant_stats(hp, q))
+        return q
+
+    @torch._dynamo.allow_in_graph
+    class _FrozenWeightMatmul(torch.autograd.Function):
+        """out = cast(x) @ cast(W)^T; backward: dx = cast(dy) @ cast(W). No grad_weight GEMM."""
+
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, weight_t: torch.Tensor, mod: Any) -> torch.Tensor:
+            c = mod.config
+            ctx.mod = mod
+            ctx.save_for_backward(weight_t)  # a view of the frozen parameter: no new memory
+            x8 = cast(mod, x, "input", c.cast_config_input, -1, GemmInputRole.INPUT)
+            w8 = cast(mod, weight_t, "weight", c.cast_config_weight, 0, GemmInputRole.WEIGHT)
+            shape = x8.shape
+            out = torch.mm(x8.reshape(-1, shape[-1]), w8)
+            return out.reshape(*shape[:-1], out.shape[-1])
+
+        @staticmethod
+        def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+            if not ctx.needs_input_grad[0]:
+                return None, None, None
+            (weight_t,) = ctx.saved_tensors
+            mod = ctx.mod
+            c = mod.config
+            shape = grad_out.shape
+            g = grad_out.reshape(-1, shape[-1])
+            g8 = cast(
+                mod, g, "grad_output", c.cast_config_grad_output, -1, GemmInputRole.GRAD_OUTPUT
+            )
+            w8 = cast(
+                mod,
+                weight_t,
+                "weight:dgrad",
+                c.cast_config_weight_for_grad_input,
+                -1,
+                GemmInputRole.WEIGHT,
+            )
+            dx = torch.mm(g8, w8.t())
+            return dx.reshape(*shape[:-1], dx.shape[-1]), None, None
+
+    class FrozenBaseFloat8Linear(Float8Linear):
+        """torchao ``Float8Linear`` for a frozen weight: forward and dgrad GEMMs only.
+
+        Set up by ``apply_torchao`` (``from_float8_linear``); a weight that requires grad falls
+        back to torchao's own forward unchanged (plain casts are then not available).
+        """
+
+        fp8lab_name: str = ""
+        fp8lab_plain: frozenset[str] = frozenset()
+        fp8lab_telemetry: Fp8Telemetry | None = None
+
+        @classmethod
+        def from_float8_linear(
+            cls,
+            mod: Float8Linear,
+            *,
+            name: str,
+            plain: frozenset[str],
+            telemetry: Fp8Telemetry | None,
+        ) -> Float8Linear:
+            mod.__class__ = cls  # same state, different forward: no copy of the weight
+            mod.fp8lab_name = name
+            mod.fp8lab_plain = frozenset(plain)
+            mod.fp8lab_telemetry = telemetry
+            if telemetry is not None:
+                mod.register_weight_stats()
+            return mod
+
+        @torch.no_grad()
+        def register_weight_stats(self) -> None:
+            """Frozen weight: stats of its forward-GEMM cast once (telemetry.register_static)."""
+            w_t = self.weight.t()
+            cc = self.config.cast_config_weight
+            tel, self.fp8lab_telemetry = self.fp8lab_telemetry, None  # don't record this cast
+            try:
+                q = cast(self, w_t, "weight", cc, 0, GemmInputRole.WEIGHT)
+            finally:
+                self.fp8lab_telemetry = tel
+            x_dq, scale_inv, saturated = _dequant_stats(w_t, q)
+            stats = cast_stats(w_t, x_dq, scale_inv, saturated)
+            tel.register_static(self.fp8lab_name, "weight", stats, w_t.numel())
+
+        def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - torchao's name
+            if self.weight.requires_grad:
+                if self.fp8lab_plain:
+                    raise ValueError(
+                        f"{self.fp8lab_name}: plain FP8 casts need a frozen base weight"
+                    )
+                return super().forward(input)
+            if torch.is_autocast_enabled():  # as torchao's Float8Linear.forward
+                input = input.to(torch.get_autocast_gpu_dtype())
+            out = _FrozenWeightMatmul.apply(input, self.weight.t(), self)
+            if self.bias is not None:
+                out = out + self.bias.to(out.dtype)
+            return out
+
+        def extra_repr(self) -> str:
+            plain = f", plain={sorted(self.fp8lab_plain)}" if self.fp8lab_plain else ""
+            return super().extra_repr() + f", frozen (no wgrad){plain}"
+
+    return FrozenBaseFloat8Linear
+
+
+def _dequant_stats(hp: torch.Tensor, q: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dequantized, scale_inv, saturated count) of a torchao Float8TrainingTensor ``q``."""
+    fmt = E4M3 if q._data.dtype == E4M3.dtype else E5M2
+    scale = q._scale
+    x_dq = q._data.to(torch.float32) / scale  # the values the GEMM multiplies
+    saturated = count_saturated(hp.to(torch.float32) * scale, fmt)
+    return x_dq, 1.0 / scale, saturated
+
+
+# -- apply ---------------------------------------------------------------------------------------
+@dataclass
+class TorchaoHandle(PrecisionHandle):
+    """A PrecisionHandle plus what the torchao backend decided."""
+
+    recipe: str | None = None
+    deviations: tuple[str, ...] = ()
+    converted: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def make_module_filter(
+    targets: dict[int, str], skipped: list[str] | None = None
+) -> Callable[[nn.Module, str], bool]:
+    """torchao ``module_filter_fn``: convert exactly the modules in ``targets`` (id -> name)
+    whose dims are multiples of 16; rejected targets are appended to ``skipped``."""
+
+    def module_filter_fn(mod: nn.Module, fqn: str) -> bool:
+        name = targets.get(id(mod))
+        if name is None or ".lora_" in f".{fqn}":  # LoRA adapters, lm_head, anything else
+            return False
+        if not isinstance(mod, nn.Linear):
+            return False
+        out_f, in_f = mod.weight.shape
+        if out_f % 16 or in_f % 16:
+            if skipped is not None:
+                skipped.append(name)
+            return False
+        return True
+
+    return module_filter_fn
+
+
+def apply_torchao(
+    model: nn.Module,
+    policy: PrecisionPolicy | str,
+    telemetry: Fp8Telemetry | None = None,
+    emulate: bool = False,
+    *,
+    recipe: str | None = None,
+    skip_frozen_wgrad: bool = True,
+) -> TorchaoHandle:
+    """Convert ``model`` (a PEFT LoRA model) in place; see the module docstring.
+
+    ``recipe`` forces a torchao recipe instead of deriving it from the policy.
+    ``skip_frozen_wgrad=False`` keeps torchao's stock ``Float8Linear`` (computes and discards
+    the frozen weight's gradient; no plain casts, no FP8 telemetry) -- for benchmarks only.
+    """
+    from torchao.float8 import convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
+
+    policy = get_policy(policy) if isinstance(policy, str) else policy
+    mapping = map_policy(policy, recipe)
+    if mapping.plain and not skip_frozen_wgrad:
+        raise TorchaoPolicyError(
+            f"policy {policy.name!r} needs plain (unit-scale) casts for {sorted(mapping.plain)},"
+            " which only the frozen-base module provides (skip_frozen_wgrad=True)"
+        )
+    hp_policy = policy.with_switches(
+        base_weight=None, base_activation=None, base_dgrad=None, lm_head_fp8=False
+    )
+    base = apply_policy(model, hp_policy, telemetry)
+    targets = _base_targets(model, policy) if mapping.recipe else {}
+    skipped: list[str] = []
+    converted: dict[str, nn.Module] = {}
+    if targets:
+        # Float8Linear.from_float shares the Parameter, so the weight identifies the new module.
+        weight_names = {id(m.weight): targets[id(m)] for m in model.modules() if id(m) in targets}
+        convert_to_float8_training(
+            model,
+            module_filter_fn=make_module_filter(targets, skipped),
+            config=mapping.float8_config(emulate),
+        )
+        frozen_cls = frozen_base_float8_linear_cls()
+        for module in model.modules():
+            name = weight_names.get(id(getattr(module, "weight", None)))
+            if isinstance(module, Float8Linear) and name is not None:
+                if skip_frozen_wgrad:
+                    frozen_cls.from_float8_linear(
+                        module, name=name, plain=mapping.plain, telemetry=telemetry
+                    )
+                converted[name] = module
+    plan = _torchao_plan(
+        base.plan, policy, mapping, converted, skipped, emulate, skip_frozen_wgrad, model
+    )
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(PrecisionHandle)}
+    fields.update(policy=policy, plan=plan, backend="torchao", emulated=bool(emulate))
+    return TorchaoHandle(
+        **fields,
+        recipe=mapping.recipe,
+        deviations=mapping.deviations if converted else (),
+        converted=sorted(converted),
+        skipped=sorted(set(skipped)),
+    )
+
+
+def _base_targets(model: nn.Module, policy: PrecisionPolicy) -> dict[int, str]:
+    """id -> layer name of the frozen base linears the policy puts in FP8 (emulated backend's
+    choice: each LoraLayer's base_layer, and the output embedding only when lm_head_fp8)."""
+    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    targets: dict[int, str] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            base = module.base_layer
+            is_head = module is lm_head or base is lm_head
+            if type(base) is nn.Linear and (policy.lm_head_fp8 or not is_head):
+                targets[id(base)] = name
+    if policy.lm_head_fp8 and type(lm_head) is nn.Linear and id(lm_head) not in targets:
+        for name, module in model.named_modules():
+            if module is lm_head:
+                targets[id(lm_head)] = name
+    return targets
+
+
+def _torchao_plan(
+    plan: list[dict[str, Any]],
+    policy: PrecisionPolicy,
+    mapping: TorchaoMapping,
+    converted: dict[str, nn.Module],
+    skipped: list[str],
+    emulate: bool,
+    frozen: bool,
+    model: nn.Module,
+) -> list[dict[str, Any]]:
+    """The emulated plan with the converted modules' base rows replaced by torchao's."""
+    gemm = "torchao emulate=True (FP32 GEMM)" if emulate else "torchao real FP8 GEMM"
+    out = [r for r in plan if not (r["module"] in converted and r["role"] in ("base", "lm_head"))]
+    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    f = mapping.formats
+    wgrad = (
+        "frozen: no weight-gradient GEMM (torchao's is skipped)"
+        if frozen
+        else "frozen, but torchao's stock Float8Linear computes and discards it"
+    )
+    for name, module in converted.items():
+        role = "lm_head" if module is lm_head or name.endswith("lm_head") else "base"
+        rows = [
+            ("weight", f["weight"], f"storage bf16; cast per GEMM ({gemm}, {mapping.recipe})"),
+            ("activation", f["input"], f"fwd GEMM input ({gemm})"),
+            ("dgrad", f["grad_output"], f"grad_output in dgrad GEMM ({gemm})"),
+            ("wgrad", "none", wgrad),
+        ]  # fmt: skip
+        out.extend(_row(name, role, t, fmt, note) for t, fmt, note in rows)
+    for name in sorted(set(skipped)):
+        out.append(_row(name, "base", "all", "bf16", "torchao: dims not multiples of 16"))
+    if policy.lora_gemm == "fp8" or policy.lora_storage == "fp8_e4m3" or policy.lora_grad != "fp32":
+        out.append(_row("*", "lora", "fp8_casts", "emulated", "LoRA FP8 casts run on the "
+                        "emulated path (torchao converts only frozen base linears)"))  # fmt: skip
+    summary = (
+        f"recipe {mapping.recipe}, emulate={emulate}" if mapping.recipe else "no FP8 base GEMMs"
+    )
+    out.append(_row("*", "backend", "torchao", mapping.recipe or "bf16", summary))
+    for text in mapping.deviations if converted else ():
+        out.append(_row("*", "backend", "deviation", "", text))
+    return out
+
+
+def _row(module: str, role: str, tensor: str, fmt: str, note: str) -> dict[str, Any]:
+    return {"module": module, "role": role, "tensor": tensor, "format": fmt, "note": note}
+
+
+def sqnr(ref: torch.Tensor, test: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio in dB (torchao's accuracy measure)."""
+    ref, test = ref.detach().double(), test.detach().double()
+    noise = torch.linalg.vector_norm(ref - test)
+    if noise == 0:
+        return math.inf
+    return float(20 * torch.log10(torch.linalg.vector_norm(ref) / noise))
