@@ -94,6 +94,7 @@ SCHEMA: dict[str, Any] = {
         "num_threads": _int("an integer >= 1 or null", "1", lo=1, nullable=True),
         "device": _choice("auto", "cpu", "cuda"),
         "checkpoint_every": _int("an integer >= 0", "0", lo=0),
+        "checkpoint_dir": _str("/path/to/checkpoints", nullable=True),
     },
     "eval": {
         "task": _str("fp8lab_embedded"),

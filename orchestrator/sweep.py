@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import signal
+from pathlib import Path
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,7 +113,8 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any]) -> SweepOut
             refs = {}
             for spec in plan.to_run:
                 run_ids[spec.trial_id] = tracking.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, flatten_params(spec.config))
-                launch = ray_runner.TrialLaunch(spec.config, spec.trial_id, run_ids[spec.trial_id], plan.tracking_uri, policy_label(spec.config))
+                launch = ray_runner.TrialLaunch(_for_workers(spec.config), spec.trial_id, run_ids[spec.trial_id],
+                                                plan.tracking_uri, policy_label(spec.config))
                 refs[ray_runner.submit(launch, board, cluster, plan.config["sweep"]["max_retries"])] = spec.trial_id
             _wait_with_table(plan, refs, board, results, console)
         except (KeyboardInterrupt, Interrupted):
@@ -124,6 +126,13 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any]) -> SweepOut
     tracking.close_unfinished(client, unfinished, "KILLED", "sweep interrupted" if interrupted else "no result")
     tracking.finish_parent(client, parent, "KILLED" if interrupted else "FINISHED")
     return SweepOutcome(plan, results, parent, makespan, ray_runner.parallel_slots(cluster), interrupted)
+
+
+def _for_workers(config: dict[str, Any]) -> dict[str, Any]:
+    """Paths a worker must agree on with the driver, made absolute (workers may run elsewhere)."""
+    train = dict(config["train"])
+    train["checkpoint_dir"] = str(Path(train["checkpoint_dir"] or "fp8lab-checkpoints").expanduser().resolve())
+    return {**config, "train": train}
 
 
 def _wait_with_table(plan: SweepPlan, refs: dict, board: Any, results: dict, console: Any) -> None:

@@ -22,6 +22,7 @@ NON_SEMANTIC_KEYS: tuple[str, ...] = (
     "train.log_every",
     "train.device",
     "train.checkpoint_every",
+    "train.checkpoint_dir",
     "eval.batch_size",
 )
 

@@ -6,6 +6,7 @@ loss, grad norm, divergence flag and telemetry travel together in `telemetry.end
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -72,18 +73,21 @@ def lora_weight_std(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.stack([p.detach().float().std() for p in params if p.dim() == 2]).mean()
 
 
-def run_training(model: Any, handle: Any, telemetry: Any, batches: Iterable[dict[str, torch.Tensor]],
+def run_training(model: Any, handle: Any, telemetry: Any, make_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]],
                  settings: LoopSettings, logger: Any, progress: ProgressFn | None = None,
-                 start_step: int = 0, before_step: Callable[[int, list[torch.nn.Parameter]], None] | None = None,
-                 on_step_end: Callable[[int], None] | None = None) -> TrainResult:
-    """Train for `settings.steps`, logging every `log_every` steps; stop early on divergence."""
+                 before_step: Callable[[int, list[torch.nn.Parameter]], None] | None = None,
+                 checkpointer: Any = None) -> TrainResult:
+    """Train for `settings.steps`, logging every `log_every` steps; stop early on divergence.
+
+    `make_batches(start_step)` yields the batches after `start_step` (the same ones a run from
+    scratch would see there), so a run resumed from a checkpoint continues exactly."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(params, settings)
-    result = TrainResult(steps_done=start_step)
+    result, start_step = _resume(checkpointer, model, optimizer, scheduler, handle, telemetry, logger)
     clip = settings.grad_clip if settings.grad_clip is not None else math.inf
     first_bad = torch.tensor(-1, device=_device(model))  # step of the first non-finite loss
-    window_tokens, window_start, started = 0, time.perf_counter(), time.perf_counter()
-    for step, batch in enumerate(batches, start=start_step + 1):
+    window_tokens, window_start, started, prior_wall = 0, time.perf_counter(), time.perf_counter(), result.wall_s
+    for step, batch in enumerate(make_batches(start_step), start=start_step + 1):
         record = settings.telemetry_every is not None and step % settings.telemetry_every == 0
         telemetry.begin_step(step, record)
         if before_step:
@@ -112,10 +116,23 @@ def run_training(model: Any, handle: Any, telemetry: Any, batches: Iterable[dict
             if values["first_bad"] >= 0:
                 result.status, result.diverged_step = "DIVERGED", int(values["first_bad"])
                 break
-        if on_step_end:
-            on_step_end(step)
-    result.wall_s = time.perf_counter() - started
+        if checkpointer and checkpointer.due(step) and step < settings.steps:
+            result.wall_s = prior_wall + time.perf_counter() - started
+            logger.flush()  # metrics up to this step are in MLflow before the checkpoint claims them
+            checkpointer.save(step, model, optimizer, scheduler, handle, telemetry, dataclasses.asdict(result))
+    result.wall_s = prior_wall + time.perf_counter() - started
     return result
+
+
+def _resume(checkpointer: Any, model: Any, optimizer: Any, scheduler: Any, handle: Any, telemetry: Any,
+            logger: Any) -> tuple[TrainResult, int]:
+    """Fresh state, or the state of this run's last checkpoint (after a retried worker death)."""
+    resumed = checkpointer.load(model, optimizer, scheduler, handle, telemetry) if checkpointer else None
+    if resumed is None:
+        return TrainResult(), 0
+    step, partial = resumed
+    logger.set_tags({"fp8lab.resumed_from_step": step})
+    return TrainResult(**partial), step
 
 
 def _sync_scalars(extras: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -19,6 +19,7 @@ import torch
 
 from workloads import data as data_mod
 from workloads.evaluate import embedded_paths, evaluate_model
+from workloads.checkpoint import Checkpointer
 from workloads.faults import FaultInjector
 from workloads.memory import PeakMemory
 from workloads.model_loading import attach_lora, load_base_model
@@ -83,12 +84,18 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     logger.set_tags({"fp8lab.backend_reason": choice.reason[:5000]})
     _log_setup(logger, config, result, handle, policy)
     settings = _loop_settings(config)
-    batches = data_mod.batches(train_data, settings_batch(config), settings.steps, config["seed"])
+    def make_batches(start_step: int):
+        return data_mod.batches(train_data, settings_batch(config), settings.steps, config["seed"], start_step)
+
     calib = list(data_mod.batches(train_data, settings_batch(config), policy.calibration_steps, config["seed"] + 1))
     handle.calibrate(lambda b: model(**{k: v.to(device) for k, v in b.items()}), calib)
     model.train()
     faults = FaultInjector(config.get("fault"))
-    train = run_training(model, handle, telemetry, batches, settings, logger, progress, before_step=faults.before_step)
+    checkpointer = _checkpointer(config, ctx, logger)
+    train = run_training(model, handle, telemetry, make_batches, settings, logger, progress,
+                         before_step=faults.before_step, checkpointer=checkpointer)
+    if checkpointer:
+        checkpointer.remove()  # training is over: the checkpoint has served its purpose
     metrics = {**base_metrics, **_train_metrics(train, memory, handle)}
     if train.status == "DIVERGED":
         result.update(status="DIVERGED", reason=f"non-finite loss at step {train.diverged_step}",
@@ -99,6 +106,18 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     result["metrics"] = metrics
     logger.log_final(metrics, step=train.steps_done)  # at the last step, so MLflow's latest value is the final one
     _log_telemetry(logger, train)
+
+
+def _checkpointer(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger) -> Checkpointer | None:
+    """Checkpoints every `train.checkpoint_every` steps under `train.checkpoint_dir/<trial_id>`.
+    Metrics are then written at checkpoints (and the end) only, so a resumed run re-logs
+    exactly the steps that were lost with the killed worker."""
+    every = int(config["train"]["checkpoint_every"])
+    if every <= 0:
+        return None
+    logger.flush_every = 10**9
+    root = Path(config["train"]["checkpoint_dir"] or "fp8lab-checkpoints").expanduser().resolve()
+    return Checkpointer(root / ctx.trial_id, every, ctx.run_id)
 
 
 def settings_batch(config: dict[str, Any]) -> int:

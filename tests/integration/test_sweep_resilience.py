@@ -84,3 +84,20 @@ def _nothing_left(session_id: int) -> bool:
             return True
         time.sleep(1)
     return False
+
+
+def test_killed_worker_resumes_from_its_checkpoint_with_a_complete_history(workdir: Path) -> None:
+    marker = workdir / "killed-once"
+    run_cli(["sweep", *TINY, "train.steps=12", "train.checkpoint_every=4", "sweep.report=false", "cluster.num_cpus=2",
+             "sweep.name=t-resume", "sweep.axes.precision=[fp8_protected]", "sweep.axes.seed=[0,1]",
+             "fault.kind=kill", "fault.step=7", f"fault.once_file={marker}"], workdir)
+    assert marker.exists()
+    runs = _trial_runs(workdir, "t-resume")
+    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
+    resumed = [r for r in runs if r.data.tags.get("fp8lab.resumed_from_step")]
+    assert len(resumed) == 1 and resumed[0].data.tags["fp8lab.resumed_from_step"] == "4"
+    client = client_for(workdir)
+    for run in runs:  # every logged step exactly once, killed or not
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+        assert steps == [2, 4, 6, 8, 10, 12], (run.info.run_name, steps)
+    assert not any((workdir / "fp8lab-checkpoints").glob("*/checkpoint.pt"))  # cleaned up after success

@@ -1,0 +1,87 @@
+"""Checkpoints of a trial's training state so a retried trial resumes instead of restarting.
+
+Only what changes during a LoRA fine-tune is saved: the LoRA parameters, optimizer and LR
+scheduler state, the LoRA gradient scaler, delayed-scaling amax histories, telemetry counters
+and the partial result. The frozen base is reloaded from its source. A checkpoint belongs to
+one MLflow run: a retry of the same run resumes from it (its metrics up to the checkpoint are
+already in MLflow), any other run starts fresh, so a run's metric history is always complete.
+Writes are atomic (temp file + rename): a kill mid-write leaves the previous checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Checkpointer:
+    folder: Path
+    every: int
+    run_id: str
+
+    @property
+    def path(self) -> Path:
+        return self.folder / "checkpoint.pt"
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def save(self, step: int, model: Any, optimizer: Any, scheduler: Any, handle: Any, telemetry: Any,
+             partial: dict[str, Any]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        state = {
+            "run_id": self.run_id,
+            "step": step,
+            "lora": {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad},
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "grad_scaler": handle.scaler.state_dict() if getattr(handle, "scaler", None) else None,
+            "scalers": [_scaler_state(site.scaler) for site in getattr(handle, "cast_sites", [])],
+            "telemetry_events": telemetry.events_total,
+            "partial": partial,
+        }
+        tmp = self.path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.path)
+
+    def load(self, model: Any, optimizer: Any, scheduler: Any, handle: Any, telemetry: Any) -> tuple[int, dict[str, Any]] | None:
+        """Restore state and return (step, partial result); None when there is nothing to resume."""
+        if self.every <= 0 or not self.path.exists():
+            return None
+        state = torch.load(self.path, weights_only=False)
+        if state["run_id"] != self.run_id:
+            self.remove()  # left by another run of this trial: that run's history is not ours
+            return None
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in state["lora"].items():
+                params[name].copy_(value)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if state["grad_scaler"] is not None:
+            handle.scaler.load_state_dict(state["grad_scaler"])
+        for site, saved in zip(getattr(handle, "cast_sites", []), state["scalers"]):
+            _restore_scaler(site.scaler, saved)
+        telemetry.events_total = state["telemetry_events"]
+        return int(state["step"]), state["partial"]
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _scaler_state(scaler: Any) -> dict[str, Any] | None:
+    if scaler is None:
+        return None
+    return {"amax_history": scaler.amax_history, "scale_inv": scaler.scale_inv, "pos": scaler._pos, "seen": scaler._seen}
+
+
+def _restore_scaler(scaler: Any, saved: dict[str, Any] | None) -> None:
+    if scaler is None or saved is None:
+        return
+    scaler.amax_history, scaler.scale_inv = saved["amax_history"], saved["scale_inv"]
+    scaler._pos, scaler._seen = saved["pos"], saved["seen"]
