@@ -89,21 +89,22 @@ def _print_cfg(config: dict[str, Any]) -> int:
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
-    from orchestrator.single_trial import run_single_trial
-
-    config = _composed(args)
+    config = _composed(args)  # before importing MLflow (seconds): a config mistake is reported at once
     if args.cfg:
         return _print_cfg(config)
+    from orchestrator.single_trial import run_single_trial
+
     result = run_single_trial(config, args.overrides)
     return {"FINISHED": 0, "DIVERGED": 0, "KILLED": EXIT_INTERRUPTED}.get(result["status"], EXIT_FAILED)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    config = _composed(args)  # before importing MLflow and Ray (seconds): a config mistake is reported at once
+    if args.cfg:
+        return _print_cfg(config)
     from orchestrator import sweep as sweep_mod
     from orchestrator.progress import console
 
-    if args.cfg:
-        return _print_cfg(_composed(args))
     out = console()
     plan = sweep_mod.plan_sweep(args.overrides, args.config_dir, args.force)
     if args.dry_run:
@@ -206,7 +207,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     config = to_container(compose_config(args.overrides, args.config_dir))
     uri = absolute_uri(config["tracking"]["uri"])
     print(f"MLflow UI for {uri}: http://{args.host}:{args.port}  (Ctrl-C to stop)", flush=True)
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    # One worker: a UI for one person needs no more, and 4 (MLflow's default) take long to start on small machines.
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host,
+               "--port", str(args.port), "--workers", "1"]
     try:
         return subprocess.call(command)
     except KeyboardInterrupt:
