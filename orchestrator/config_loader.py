@@ -10,9 +10,10 @@ import difflib
 import importlib.resources
 import re
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -44,9 +45,27 @@ def compose_many(override_sets: list[list[str]], config_dir: str | None = None) 
                 cfg = compose(config_name="config", overrides=list(overrides) + search)
                 OmegaConf.set_struct(cfg, False)
                 configs.append(cfg)
+    except OverrideParseException as exc:
+        raise UserInputError(_unparsable_override(override_sets, exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
         raise UserInputError(_one_line_hydra_error(exc)) from None
     return configs
+
+
+def _unparsable_override(override_sets: list[list[str]], exc: Exception) -> str:
+    """Hydra's grammar error does not say which override it choked on: find it and name its key."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    message = str(exc).strip().splitlines()[0]
+    for override in (o for overrides in override_sets for o in overrides):
+        try:
+            parser.parse_overrides([override])
+        except HydraException:
+            key = override.split("=", 1)[0].lstrip("+~")
+            return (f"{key}: cannot parse the override {override!r} ({message}) "
+                    f"(fix: quote values with special characters, e.g. '{key}=\"...\"'; lists are [a,b])")
+    return f"config: {message} (fix: check the override syntax, e.g. key=value or key=[a,b])"
 
 
 def _open_axes(override: str) -> str:
@@ -83,9 +102,42 @@ def _one_line_hydra_error(exc: Exception) -> str:
         return (f"{group}={option}: unknown {group} option ({hint}available: {', '.join(options)}; "
                 f"fix: {group}={close[0] if close else options[0]} or add {group}/{option}.yaml with --config-dir)")
     text = " ".join(line.strip() for line in raw.splitlines() if line.strip())
+    unknown = _UNKNOWN_KEY.search(raw)
+    if unknown:
+        return _unknown_key_line(unknown["key"])
     if "Could not override" in text:
         return f"{text} (fix: check the key's spelling; `fp8lab trial --cfg job` prints every key)"
     return f"config: {text}"
+
+
+_UNKNOWN_KEY = re.compile(r"Could not override '(?P<key>[^']+)'\.\s*To append to your config use")
+
+
+def _unknown_key_line(key: str) -> str:
+    """`lora.rr=3`: name the key, suggest the closest known one (the schema knows every key)."""
+    from orchestrator.schema import SCHEMA
+
+    close = difflib.get_close_matches(key, _dotted_keys(SCHEMA), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    node: Any = SCHEMA
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            prefix = ".".join(parts[:depth])
+            listing = (f"known keys{' in ' + prefix if prefix else ''}: {', '.join(node)}" if isinstance(node, dict)
+                       else f"{prefix} is a value, not a group")
+            return f"{key}: unknown config key ({hint}{listing}) (fix: check the spelling; `fp8lab trial --cfg job` prints every key)"
+        node = node[part]
+    return f"{key}: this key cannot be overridden here (fix: check the spelling; `fp8lab trial --cfg job` prints every key)"
+
+
+def _dotted_keys(schema: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for name, rule in schema.items():
+        keys.append(prefix + name)
+        if isinstance(rule, dict):
+            keys += _dotted_keys(rule, f"{prefix}{name}.")
+    return keys
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -8,15 +8,21 @@ fresh worker process (`max_calls=1`): clean memory figures and no state shared b
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+from urllib.parse import urlparse
 
 import ray
 from ray.exceptions import RayError
 
 from orchestrator.errors import UserInputError
+
+PIN_AMOUNT = 0.001  # a pin asks for a sliver of the node's custom resource: it places, never limits
+_FILE_SCHEMES = ("", "file", "sqlite")
+_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,8 @@ def init_ray(cluster: dict[str, Any]) -> None:
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         print("fp8lab: warning: RAY_AUTH_MODE=disabled in your environment: Ray's token authentication is off",
               file=sys.stderr)
-    common = dict(log_to_driver=False, configure_logging=False, ignore_reinit_error=True)
+    common = dict(log_to_driver=False, configure_logging=False, ignore_reinit_error=True,
+                  runtime_env=cluster.get("runtime_env") or None)
     if cluster["address"]:
         try:
             ray.init(address=cluster["address"], **common)
@@ -51,6 +58,26 @@ def init_ray(cluster: dict[str, Any]) -> None:
              include_dashboard=cluster["include_dashboard"], dashboard_host=cluster["dashboard_host"], **common)
 
 
+def check_address(cluster: dict[str, Any], timeout_s: float = 5.0) -> None:
+    """Refuse an address nothing answers at, in seconds: `ray.init` itself retries a dead GCS
+    address for minutes. `auto` (and no address) is left to Ray."""
+    address = cluster["address"]
+    if not address or address in ("auto", "local"):
+        return
+    scheme, _, target = address.rpartition("://")
+    host, _, port = target.rstrip("/").rpartition(":")
+    if not port.isdigit():
+        if scheme != "ray":
+            return  # not host:port: let Ray interpret it (and report it)
+        host, port = target.rstrip("/"), "10001"  # Ray Client's default port
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UserInputError(f"cluster.address: nothing answers at {address} ({reason}) (fix: start the cluster "
+                             "(`ray start --head`) or correct the address; drop cluster.address to start a local Ray)") from None
+
+
 def check_resources(cluster: dict[str, Any]) -> None:
     """A trial asking for more GPUs/CPUs than the cluster has would wait forever: refuse now."""
     total = ray.cluster_resources()
@@ -60,6 +87,44 @@ def check_resources(cluster: dict[str, Any]) -> None:
     if cluster["cpus_per_trial"] > total.get("CPU", 0):
         raise UserInputError(f"cluster.cpus_per_trial: {cluster['cpus_per_trial']} CPUs per trial but the cluster has "
                              f"{total.get('CPU', 0):g} (fix: cluster.cpus_per_trial=1)")
+    wanted = {**{name: PIN_AMOUNT for name in cluster.get("pin_trials") or []}, **(cluster.get("trial_resources") or {})}
+    short = [name for name, amount in wanted.items() if total.get(name, 0) < amount]
+    if short:
+        have = ", ".join(f"{k}={v:g}" for k, v in sorted(total.items()) if k not in _BUILTIN_RESOURCES) or "none"
+        raise UserInputError(f"cluster.trial_resources/pin_trials: the Ray cluster has not enough of {', '.join(short)} "
+                             f"(its custom resources: {have}) (fix: start nodes with ray start --resources='{{\"{short[0]}\": 1}}', "
+                             "or drop the resource)")
+
+
+def node_count() -> int:
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+def check_store_for_cluster(cluster: dict[str, Any], tracking_uri: str, artifact_location: str | None) -> None:
+    """Trials on other nodes cannot write a file on the driver's disk: refuse a file store (SQLite,
+    ./mlruns) or a local artifact folder when the cluster has several nodes or is reached through
+    Ray Client. An autoscaling cluster that has only its head node now is not caught: use a server."""
+    nodes = node_count()
+    remote_client = str(cluster.get("address") or "").startswith("ray://")
+    if nodes <= 1 and not remote_client:
+        return
+    where = f"{nodes} nodes" if nodes > 1 else "Ray Client (the driver is not on the cluster)"
+    if urlparse(tracking_uri).scheme in _FILE_SCHEMES:
+        raise UserInputError(f"tracking.uri: {tracking_uri} is a file on this machine, but the Ray cluster has {where} and "
+                             "trials on other nodes cannot write it (fix: run an MLflow server, see infra/mlflow, and set "
+                             "tracking.uri=http://HOST:5000)")
+    if artifact_location and urlparse(artifact_location).scheme in _FILE_SCHEMES:
+        raise UserInputError(f"tracking.artifact_location: {artifact_location} is a local folder, but the Ray cluster has "
+                             f"{where}: each trial would write artifacts to its own node's disk (fix: leave it null so the "
+                             "MLflow server's proxied artifact store is used, or give an s3:// URI)")
+
+
+def check_artifact_root(artifact_uri: str, experiment: str) -> None:
+    """An experiment whose artifact root is a local path makes each trial write to its own node's disk."""
+    if node_count() > 1 and urlparse(artifact_uri).scheme in _FILE_SCHEMES:
+        raise UserInputError(f"tracking: experiment '{experiment}' stores artifacts in {artifact_uri}, a local folder, but the "
+                             "Ray cluster has several nodes (fix: start the MLflow server with --serve-artifacts and "
+                             "--artifacts-destination s3://..., then use a new sweep.name)")
 
 
 def parallel_slots(cluster: dict[str, Any]) -> int:
@@ -95,9 +160,20 @@ def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
     return result
 
 
-def submit(launch: TrialLaunch, board: Any, cluster: dict[str, Any], max_retries: int) -> ray.ObjectRef:
+def trial_resources(cluster: dict[str, Any], index: int) -> dict[str, float]:
+    """Custom resources for the index-th trial: cluster.trial_resources plus its round-robin pin."""
+    resources = dict(cluster.get("trial_resources") or {})
+    pins = cluster.get("pin_trials") or []
+    if pins:
+        name = pins[index % len(pins)]
+        resources[name] = resources.get(name, 0) + PIN_AMOUNT
+    return resources
+
+
+def submit(launch: TrialLaunch, board: Any, cluster: dict[str, Any], max_retries: int, index: int = 0) -> ray.ObjectRef:
     return run_trial_task.options(
         num_cpus=cluster["cpus_per_trial"], num_gpus=cluster["gpus_per_trial"],
+        resources=trial_resources(cluster, index) or None,
         max_retries=max_retries, retry_exceptions=False, name=f"trial:{launch.policy_label}",
     ).remote(launch, board)
 

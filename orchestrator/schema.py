@@ -117,6 +117,12 @@ SCHEMA: dict[str, Any] = {
         "cpus_per_trial": Rule((int, float), "a number > 0", "1", False, lambda v: v > 0),
         "gpus_per_trial": Rule((int, float), "0, a fraction in (0, 1), or a whole number", "1", False,
                                lambda v: v >= 0 and (v < 1 or float(v).is_integer())),
+        "trial_resources": Rule((dict,), "a mapping of custom resource name -> amount > 0", "{node_a: 1}", False,
+                                lambda v: all(isinstance(k, str) and isinstance(a, (int, float)) and not isinstance(a, bool)
+                                              and a > 0 for k, a in v.items())),
+        "pin_trials": Rule((list,), "a list of custom resource names", "[node_a,node_b]", False,
+                           lambda v: all(isinstance(x, str) and x.strip() for x in v)),
+        "runtime_env": _OPEN_DICT,
     },
     "sweep": {
         "name": _str("fp8lab-default"),

@@ -22,14 +22,18 @@ from orchestrator.trial_id import compute_trial_id
 
 
 def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    from workloads.entry import run  # the trial runs here: the training stack is needed anyway
-    from workloads.preflight import check_config
+    from workloads.preflight import check_config  # lighter than workloads.entry: bad input fails sooner
 
+    uri = tracking.absolute_uri(config["tracking"]["uri"])
     problems = check_config(config)
+    try:
+        tracking.check_store(uri)
+    except UserInputError as exc:
+        problems += exc.problems
     if problems:
         raise UserInputError(problems)
-    uri = tracking.absolute_uri(config["tracking"]["uri"])
-    tracking.check_store(uri)
+    from workloads.entry import run  # the trial runs here: the training stack is needed anyway
+
     spec = TrialSpec(tuple(overrides), {}, config, compute_trial_id(config))
     client = MlflowClient(uri)
     experiment_id = tracking.ensure_experiment(client, config["sweep"]["name"], config["tracking"]["artifact_location"])

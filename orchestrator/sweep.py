@@ -49,8 +49,11 @@ class SweepOutcome:
     interrupted: bool = False
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM reached the driver."""
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM reached the driver. A KeyboardInterrupt on purpose: Ray's blocking calls
+    (ray.wait/ray.get) turn only KeyboardInterrupt raised by a signal handler into a clean
+    interrupt; any other exception comes out as a SystemError and the sweep would crash
+    instead of marking its runs KILLED."""
 
 
 def plan_sweep(overrides: list[str], config_dir: str | None, force: bool, check_files: bool = True) -> SweepPlan:
@@ -60,10 +63,19 @@ def plan_sweep(overrides: list[str], config_dir: str | None, force: bool, check_
     if problems:
         raise UserInputError(problems)
     specs = expand_sweep(overrides, config, config_dir)
-    if check_files:
-        preflight([s.config for s in specs])
     uri = tracking.absolute_uri(config["tracking"]["uri"])
-    tracking.check_store(uri)
+    checks = [lambda: tracking.check_store(uri), lambda: ray_runner.check_address(config["cluster"]),
+              lambda: _check_report_folder(config)]
+    if check_files:
+        checks.insert(0, lambda: preflight([s.config for s in specs]))
+    problems: list[str] = []
+    for check in checks:  # every problem at once, none of them writes anything
+        try:
+            check()
+        except UserInputError as exc:
+            problems += exc.problems
+    if problems:
+        raise UserInputError(problems)
     plan = SweepPlan(config, specs, sweep_id_for(config["sweep"]["name"], specs), uri)
     if not force:
         plan.skipped = _already_finished(uri, config["sweep"]["name"], specs)
@@ -76,7 +88,20 @@ def sweep_id_for(name: str, specs: list[TrialSpec]) -> str:
     return digest.hexdigest()[:12]
 
 
+def _check_report_folder(config: dict[str, Any]) -> None:
+    """The report is written at the end of the sweep: refuse an unwritable folder now, not hours later."""
+    if not config["sweep"]["report"]:
+        return
+    target = Path(config["report"]["out"] or "fp8lab-report").expanduser().resolve()
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir() or not tracking.writable(existing):
+        raise UserInputError(f"report.out: cannot write the report under {existing} (fix: report.out=<a writable folder>, "
+                             "or sweep.report=false)")
+
+
 def _already_finished(uri: str, experiment_name: str, specs: list[TrialSpec]) -> dict[str, str]:
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return {}  # no store yet: nothing finished, and don't create one before the sweep really starts
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
@@ -91,6 +116,7 @@ def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
     ray_runner.init_ray(cluster)
     try:
         ray_runner.check_resources(cluster)
+        ray_runner.check_store_for_cluster(cluster, plan.tracking_uri, plan.config["tracking"]["artifact_location"])
         return _execute(plan, console, cluster)
     finally:
         import ray
@@ -101,6 +127,7 @@ def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
 def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any]) -> SweepOutcome:
     client = MlflowClient(plan.tracking_uri)
     experiment_id = tracking.ensure_experiment(client, plan.config["sweep"]["name"], plan.config["tracking"]["artifact_location"])
+    ray_runner.check_artifact_root(client.get_experiment(experiment_id).artifact_location, plan.config["sweep"]["name"])
     parent = tracking.open_parent_run(client, experiment_id, plan.sweep_id, plan.config["sweep"]["name"],
                                       resolved_yaml(plan.config), [s.trial_id for s in plan.specs])
     board = progress_mod.ProgressBoard.remote()
@@ -111,11 +138,11 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any]) -> SweepOut
     with _signals_raise_interrupt():
         try:
             refs = {}
-            for spec in plan.to_run:
+            for index, spec in enumerate(plan.to_run):
                 run_ids[spec.trial_id] = tracking.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, flatten_params(spec.config))
                 launch = ray_runner.TrialLaunch(_for_workers(spec.config), spec.trial_id, run_ids[spec.trial_id],
                                                 plan.tracking_uri, policy_label(spec.config))
-                refs[ray_runner.submit(launch, board, cluster, plan.config["sweep"]["max_retries"])] = spec.trial_id
+                refs[ray_runner.submit(launch, board, cluster, plan.config["sweep"]["max_retries"], index)] = spec.trial_id
             _wait_with_table(plan, refs, board, results, console)
         except (KeyboardInterrupt, Interrupted):
             interrupted = True

@@ -40,13 +40,14 @@ def check_store(uri: str, timeout_s: float = 5.0) -> None:
         folder = Path(uri.removeprefix("sqlite:///")).expanduser().resolve().parent
         if not folder.is_dir():
             raise UserInputError(f"tracking.uri: folder {folder} does not exist (fix: create it or point tracking.uri elsewhere)")
-        if not _writable(folder):
+        if not writable(folder):
             raise UserInputError(f"tracking.uri: folder {folder} is not writable (fix: choose a writable folder)")
     elif parsed.scheme not in ("file", "") and parsed.scheme not in ("postgresql", "mysql", "databricks"):
         raise UserInputError(f"tracking.uri: unsupported scheme '{parsed.scheme}' (fix: sqlite:///mlflow.db or http://host:port)")
 
 
-def _writable(folder: Path) -> bool:
+def writable(folder: Path) -> bool:
+    """Really try to create a file: os.access says yes to root even on read-only places."""
     probe = folder / f".fp8lab-write-probe-{time.time_ns()}"
     try:
         probe.write_text("")

@@ -164,9 +164,52 @@ def check_output(output: str | None) -> list[str]:
     folder = Path(output).expanduser().resolve().parent
     if not folder.is_dir():
         return [f"trial.output: folder {folder} does not exist (fix: create it or choose another trial.output)"]
-    if not os.access(folder, os.W_OK):
+    if not _writable(folder):
         return [f"trial.output: folder {folder} is not writable (fix: choose a writable trial.output)"]
     return []
+
+
+def _writable(folder: Path) -> bool:
+    """Really create (and remove) a file: os.access says yes to root even where writes fail."""
+    probe = folder / f".fp8lab-write-probe-{os.getpid()}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+        return True
+    except OSError:
+        return False
+
+
+def check_cluster_gpus(cluster_cfg: dict[str, Any]) -> list[str]:
+    """A local Ray with fewer GPUs than one trial asks for would queue the trial forever; say so
+    before Ray starts (a remote cluster's GPUs are checked once connected)."""
+    wanted = cluster_cfg.get("gpus_per_trial") or 0
+    if not wanted or cluster_cfg.get("address"):
+        return []
+    declared = cluster_cfg.get("num_gpus")
+    if declared is None:
+        declared, source = _detected_gpus(), "GPUs detected on this machine"
+    else:
+        source = "GPUs declared by cluster.num_gpus"
+    if wanted > declared:
+        return [f"cluster.gpus_per_trial: {wanted:g} GPU(s) per trial requested but there are {declared} {source} "
+                "(fix: cluster.gpus_per_trial=0 to run on CPU)"]
+    return []
+
+
+def _detected_gpus() -> int:
+    """GPUs a local Ray would find (its own detection, capped by CUDA_VISIBLE_DEVICES)."""
+    try:
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+
+        manager = get_accelerator_manager_for_resource("GPU")
+        count = manager.get_current_node_num_accelerators()
+        visible = manager.get_current_process_visible_accelerator_ids()
+        return min(count, len(visible)) if visible is not None else count
+    except Exception:  # noqa: BLE001 - private Ray API: fall back to torch's count
+        import torch
+
+        return torch.cuda.device_count()
 
 
 def check_eval_task(eval_cfg: dict[str, Any]) -> list[str]:
@@ -180,7 +223,9 @@ def check_eval_task(eval_cfg: dict[str, Any]) -> list[str]:
     try:
         check_task_exists(eval_cfg["task"], eval_cfg.get("include_path"))
     except ValueError as exc:
-        return [f"eval.task: {exc}"]
+        fix = "" if "fix:" in str(exc) else (" (fix: a task `lm-eval ls tasks` lists, or eval.include_path=<a folder of "
+                                              "task YAMLs> for your own)")
+        return [f"eval.task: {exc}{fix}"]
     return []
 
 
@@ -188,6 +233,9 @@ def check_many(configs: list[dict[str, Any]]) -> list[str]:
     """Problems across configs, each distinct problem once (a sweep repeats most of them)."""
     seen: dict[str, None] = {}
     checked: set[str] = set()
+    for cluster in {json.dumps(c["cluster"], sort_keys=True, default=str): c["cluster"] for c in configs}.values():
+        for problem in check_cluster_gpus(cluster):
+            seen.setdefault(problem)
     for config in configs:
         key = json.dumps({k: config.get(k) for k in ("model", "data", "eval", "precision", "trial")}, sort_keys=True, default=str)
         key += f"{config['train']['device']}|{config['cluster'].get('address')}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import tempfile
 import time
 import traceback
@@ -165,9 +166,23 @@ def _log_setup(logger: MlflowTrialLogger, config: dict[str, Any], result: dict[s
                      "fp8lab.device": result["device"], "fp8lab.policy_version": policy.version,
                      "fp8lab.ablation": getattr(policy, "ablation", "") or "",
                      "fp8lab.cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                     **_version_tags()})
+                     "fp8lab.host": socket.gethostname(), **_ray_placement_tags(), **_version_tags()})
     logger.log_text(OmegaConf.to_yaml(OmegaConf.create(config)), "config/resolved.yaml")
     logger.log_dict({"policy": policy.to_dict(), "plan": handle.plan}, "precision/plan.json")
+
+
+def _ray_placement_tags() -> dict[str, str]:
+    """Which Ray node ran this trial and which resources Ray gave it (nothing outside Ray)."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return {}
+        context = ray.get_runtime_context()
+        return {"fp8lab.ray_node_id": context.get_node_id(),
+                "fp8lab.ray_resources": json.dumps(context.get_assigned_resources(), sort_keys=True)}
+    except Exception:  # noqa: BLE001 - placement tags are informative only
+        return {}
 
 
 def _version_tags() -> dict[str, str]:

@@ -1,0 +1,50 @@
+"""Multi-node rules without a cluster: trial resources and pins, and the file-store refusal."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import ray_runner
+from orchestrator.errors import UserInputError
+
+CLUSTER = {"address": "auto", "trial_resources": {}, "pin_trials": [], "cpus_per_trial": 1, "gpus_per_trial": 0}
+
+
+def test_trial_resources_add_round_robin_pins() -> None:
+    cluster = {**CLUSTER, "trial_resources": {"pool": 1}, "pin_trials": ["node_a", "node_b"]}
+    assert [ray_runner.trial_resources(cluster, i) for i in range(3)] == [
+        {"pool": 1, "node_a": ray_runner.PIN_AMOUNT}, {"pool": 1, "node_b": ray_runner.PIN_AMOUNT},
+        {"pool": 1, "node_a": ray_runner.PIN_AMOUNT}]
+    assert ray_runner.trial_resources(CLUSTER, 0) == {}
+
+
+@pytest.mark.parametrize("uri", ["sqlite:////tmp/x/mlflow.db", "file:///tmp/mlruns", "/tmp/mlruns"])
+def test_file_store_refused_on_several_nodes(monkeypatch: pytest.MonkeyPatch, uri: str) -> None:
+    monkeypatch.setattr(ray_runner, "node_count", lambda: 2)
+    with pytest.raises(UserInputError, match="2 nodes.*tracking.uri=http://"):
+        ray_runner.check_store_for_cluster(CLUSTER, uri, None)
+
+
+def test_file_store_allowed_on_one_node_server_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_runner, "node_count", lambda: 1)
+    ray_runner.check_store_for_cluster(CLUSTER, "sqlite:////tmp/x/mlflow.db", None)
+    monkeypatch.setattr(ray_runner, "node_count", lambda: 3)
+    ray_runner.check_store_for_cluster(CLUSTER, "http://mlflow:5000", None)
+    ray_runner.check_artifact_root("mlflow-artifacts:/1", "exp")
+
+
+def test_ray_client_counts_as_remote_and_local_artifacts_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_runner, "node_count", lambda: 1)
+    with pytest.raises(UserInputError, match="Ray Client"):
+        ray_runner.check_store_for_cluster({**CLUSTER, "address": "ray://head:10001"}, "sqlite:////tmp/m.db", None)
+    monkeypatch.setattr(ray_runner, "node_count", lambda: 2)
+    with pytest.raises(UserInputError, match="tracking.artifact_location"):
+        ray_runner.check_store_for_cluster(CLUSTER, "http://mlflow:5000", "/shared/artifacts")
+    with pytest.raises(UserInputError, match="local folder"):
+        ray_runner.check_artifact_root("/mlruns/3", "exp")
+
+
+def test_missing_custom_resource_is_refused_before_trials_wait_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_runner.ray, "cluster_resources", lambda: {"CPU": 4.0, "node_a": 1.0, "memory": 1e9})
+    ray_runner.check_resources({**CLUSTER, "pin_trials": ["node_a"]})
+    with pytest.raises(UserInputError, match=r"node_b.*custom resources: node_a=1.*--resources='\{\"node_b\": 1\}'"):
+        ray_runner.check_resources({**CLUSTER, "pin_trials": ["node_a", "node_b"]})
