@@ -24,6 +24,7 @@ from orchestrator.matrix import TrialSpec, expand_sweep, policy_label, resolved_
 from orchestrator.params import flatten_params
 from orchestrator.preflight import preflight
 from orchestrator.schema import validate_config
+from workloads.preflight import folder_is_writable
 
 
 @dataclass
@@ -94,7 +95,7 @@ def _check_report_folder(config: dict[str, Any]) -> None:
         return
     target = Path(config["report"]["out"] or "fp8lab-report").expanduser().resolve()
     existing = next(p for p in (target, *target.parents) if p.exists())
-    if not existing.is_dir() or not tracking.writable(existing):
+    if not existing.is_dir() or not folder_is_writable(existing):
         raise UserInputError(f"report.out: cannot write the report under {existing} (fix: report.out=<a writable folder>, "
                              "or sweep.report=false)")
 

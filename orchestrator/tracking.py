@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from orchestrator.errors import UserInputError
+from workloads.preflight import folder_is_writable  # torch-free module
 from orchestrator.matrix import TrialSpec
 
 TRIAL_ROLE, SWEEP_ROLE = "trial", "sweep"
@@ -40,21 +41,10 @@ def check_store(uri: str, timeout_s: float = 5.0) -> None:
         folder = Path(uri.removeprefix("sqlite:///")).expanduser().resolve().parent
         if not folder.is_dir():
             raise UserInputError(f"tracking.uri: folder {folder} does not exist (fix: create it or point tracking.uri elsewhere)")
-        if not writable(folder):
+        if not folder_is_writable(folder):
             raise UserInputError(f"tracking.uri: folder {folder} is not writable (fix: choose a writable folder)")
     elif parsed.scheme not in ("file", "") and parsed.scheme not in ("postgresql", "mysql", "databricks"):
         raise UserInputError(f"tracking.uri: unsupported scheme '{parsed.scheme}' (fix: sqlite:///mlflow.db or http://host:port)")
-
-
-def writable(folder: Path) -> bool:
-    """Really try to create a file: os.access says yes to root even on read-only places."""
-    probe = folder / f".fp8lab-write-probe-{time.time_ns()}"
-    try:
-        probe.write_text("")
-        probe.unlink()
-        return True
-    except OSError:
-        return False
 
 
 def absolute_uri(uri: str) -> str:

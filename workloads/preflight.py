@@ -164,12 +164,12 @@ def check_output(output: str | None) -> list[str]:
     folder = Path(output).expanduser().resolve().parent
     if not folder.is_dir():
         return [f"trial.output: folder {folder} does not exist (fix: create it or choose another trial.output)"]
-    if not _writable(folder):
+    if not folder_is_writable(folder):
         return [f"trial.output: folder {folder} is not writable (fix: choose a writable trial.output)"]
     return []
 
 
-def _writable(folder: Path) -> bool:
+def folder_is_writable(folder: Path) -> bool:
     """Really create (and remove) a file: os.access says yes to root even where writes fail."""
     probe = folder / f".fp8lab-write-probe-{os.getpid()}"
     try:
