@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -39,15 +40,24 @@ def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, 
     experiment_id = tracking.ensure_experiment(client, config["sweep"]["name"], config["tracking"]["artifact_location"])
     run_id = tracking.create_trial_run(client, experiment_id, spec, None, None, flatten_params(config))
     print(f"trial {spec.run_name} ({spec.trial_id}) -> MLflow run {run_id} in {uri}", file=sys.stderr)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` is handled like Ctrl-C
     try:
         result = run(config, spec.trial_id, run_id, uri, policy_label(config), _printer(config["train"]["steps"]))
     except KeyboardInterrupt:
-        tracking.close_unfinished(client, [run_id], "KILLED", "interrupted")
+        # KILLED even if the trial, unwinding, already closed its run as FINISHED: an interrupted
+        # trial is not a result (a sweep would otherwise skip it as done).
+        tracking.mark_killed(client, run_id, "interrupted")
         return {"status": "KILLED"}
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if config["trial"]["output"]:
         write_json_atomic(Path(config["trial"]["output"]), result)
     _print_result(result)
     return result
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _printer(total: int):

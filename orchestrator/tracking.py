@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import socket
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -156,6 +155,12 @@ def close_unfinished(client: MlflowClient, run_ids: list[str], status: str, reas
             client.log_batch(run_id, tags=[RunTag("fp8lab.status", status if status != "KILLED" else "KILLED"),
                                            RunTag("fp8lab.reason", reason)])
             client.set_terminated(run_id, status)
+
+
+def mark_killed(client: MlflowClient, run_id: str, reason: str) -> None:
+    """An interrupted trial's run is KILLED whatever state it reached on the way out."""
+    client.log_batch(run_id, tags=[RunTag("fp8lab.status", "KILLED"), RunTag("fp8lab.reason", reason)])
+    client.set_terminated(run_id, "KILLED")
 
 
 def finish_parent(client: MlflowClient, run_id: str, status: str = "FINISHED") -> None:

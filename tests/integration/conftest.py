@@ -1,12 +1,15 @@
 """Integration fixtures: run the real `fp8lab` CLI in a temp folder on the embedded model."""
 from __future__ import annotations
 
+import csv
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -40,3 +43,54 @@ def client_for(workdir: Path) -> MlflowClient:
 
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
+
+
+def trial_runs(workdir: Path, experiment: str) -> list:
+    """The trial (child) runs of an experiment in the workdir's SQLite store."""
+    client = client_for(workdir)
+    exp = client.get_experiment_by_name(experiment)
+    return [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("fp8lab.role") == "trial"]
+
+
+def trial_statuses(workdir: Path, experiment: str) -> list[str]:
+    """Sorted MLflow statuses of the trial runs; [] while the store or experiment does not exist."""
+    if not (workdir / "mlflow.db").exists():
+        return []
+    try:
+        return sorted(r.info.status for r in trial_runs(workdir, experiment))
+    except Exception:  # noqa: BLE001 - store or experiment not created yet
+        return []
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(1)
+    raise AssertionError(f"{what}: not reached within {timeout:.0f}s")
+
+
+def session_processes(session_id: int, grace_s: int = 20) -> list[str]:
+    """Processes still alive in a session (driver, raylet, GCS, workers), after up to `grace_s`
+    seconds for Ray's shutdown to finish."""
+    left: list[str] = []
+    for _ in range(grace_s):
+        out = subprocess.run(["pgrep", "-a", "-s", str(session_id)], capture_output=True, text=True).stdout
+        left = out.split("\n") if out.strip() else []
+        if not left:
+            break
+        time.sleep(1)
+    return left
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on (now) on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -96,12 +96,8 @@ CASES = [
     Case("three-config-errors-at-once", "trial", ["lora.r=0", "train.lr=0", "train.steps=0"],
          ["lora.r", "train.lr", "train.steps"]),
     # --- the world: preflight, before any MLflow run or Ray worker ------------------------------
-    Case("model-folder-missing", "trial", ["model.name_or_path=./no-such-model"], ["model.name_or_path"],
-         contains=["does not exist"]),
     Case("model-folder-without-weights", "sweep", ["model.name_or_path=./model", *ONE_CELL], ["model.name_or_path"],
          setup=_model_without_weights, contains=["no weights"]),
-    Case("dataset-file-missing", "sweep", ["data.path=./missing.jsonl", *ONE_CELL], ["data.path"],
-         contains=["does not exist"]),
     Case("dataset-row-without-prompt-field", "trial", ["data.path=./d.jsonl", "data.prompt_field=question"],
          ["data.prompt_field"], setup=_jsonl("d.jsonl", [GOOD_ROW]), contains=["line 1 has no field 'question'"]),
     Case("dataset-empty", "trial", ["data.path=./d.jsonl"], ["data.path"], setup=_jsonl("d.jsonl", []),
@@ -117,9 +113,11 @@ CASES = [
          setup=_read_only_folder, contains=["not writable"]),
     Case("report-folder-unwritable", "sweep", ["report.out={unwritable}/report", *ONE_CELL], ["report.out"],
          setup=_read_only_folder),
-    Case("three-world-errors-at-once", "trial",
-         ["model.name_or_path=./no-model", "data.path=./no-data.jsonl", "trial.output=./no-dir/result.json"],
-         ["model.name_or_path", "data.path", "trial.output"]),
+    # missing model folder + missing dataset file + missing output folder, reported together
+    Case("model-data-output-missing-at-once", "sweep",
+         ["model.name_or_path=./no-model", "data.path=./no-data.jsonl", "report.out=./no-file/report", *ONE_CELL],
+         ["model.name_or_path", "data.path", "report.out"], setup=lambda d: (d / "no-file").write_text(""),
+         contains=["folder ./no-model does not exist", "./no-data.jsonl does not exist"]),
 ]
 
 
