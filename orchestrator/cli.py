@@ -102,11 +102,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     config = _composed(args)  # before importing MLflow and Ray (seconds): a config mistake is reported at once
     if args.cfg:
         return _print_cfg(config)
+    from orchestrator.plan import plan_sweep
+
+    plan = plan_sweep(args.overrides, args.config_dir, args.force)
     from orchestrator import sweep as sweep_mod
     from orchestrator.progress import console
 
     out = console()
-    plan = sweep_mod.plan_sweep(args.overrides, args.config_dir, args.force)
     if args.dry_run:
         _print_plan(plan, out)
         return 0

@@ -1,4 +1,4 @@
-"""`fp8lab sweep`: expand, validate, dedupe, schedule on Ray, track in MLflow, report.
+"""`fp8lab sweep`: run a plan (`orchestrator.plan`) on Ray, tracked in MLflow.
 
 Order matters: everything that can be wrong with the input is found (config, files, tracking
 store, cluster resources) before a single MLflow run is created, so bad input leaves nothing
@@ -6,11 +6,10 @@ behind. An interrupt (Ctrl-C / SIGTERM) cancels the trials and marks their runs 
 """
 from __future__ import annotations
 
-import hashlib
 import signal
-from pathlib import Path
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mlflow.tracking import MlflowClient
@@ -18,26 +17,9 @@ from rich.live import Live
 
 from orchestrator import progress as progress_mod
 from orchestrator import ray_runner, tracking
-from orchestrator.config_loader import compose_config, to_container
-from orchestrator.errors import UserInputError
-from orchestrator.matrix import TrialSpec, expand_sweep, policy_label, resolved_yaml
+from orchestrator.matrix import policy_label, resolved_yaml
 from orchestrator.params import flatten_params
-from orchestrator.preflight import preflight
-from orchestrator.schema import validate_config
-from workloads.preflight import folder_is_writable
-
-
-@dataclass
-class SweepPlan:
-    config: dict[str, Any]
-    specs: list[TrialSpec]
-    sweep_id: str
-    tracking_uri: str
-    skipped: dict[str, str] = field(default_factory=dict)  # trial_id -> FINISHED run id
-
-    @property
-    def to_run(self) -> list[TrialSpec]:
-        return [s for s in self.specs if s.trial_id not in self.skipped]
+from orchestrator.plan import SweepPlan
 
 
 @dataclass
@@ -55,60 +37,6 @@ class Interrupted(KeyboardInterrupt):
     (ray.wait/ray.get) turn only KeyboardInterrupt raised by a signal handler into a clean
     interrupt; any other exception comes out as a SystemError and the sweep would crash
     instead of marking its runs KILLED."""
-
-
-def plan_sweep(overrides: list[str], config_dir: str | None, force: bool, check_files: bool = True) -> SweepPlan:
-    """Compose + validate every cell and check the world; nothing is written."""
-    config = to_container(compose_config(overrides, config_dir))
-    problems = validate_config(config)
-    if problems:
-        raise UserInputError(problems)
-    specs = expand_sweep(overrides, config, config_dir)
-    uri = tracking.absolute_uri(config["tracking"]["uri"])
-    checks = [lambda: tracking.check_store(uri), lambda: ray_runner.check_address(config["cluster"]),
-              lambda: _check_report_folder(config)]
-    if check_files:
-        checks.insert(0, lambda: preflight([s.config for s in specs]))
-    problems: list[str] = []
-    for check in checks:  # every problem at once, none of them writes anything
-        try:
-            check()
-        except UserInputError as exc:
-            problems += exc.problems
-    if problems:
-        raise UserInputError(problems)
-    plan = SweepPlan(config, specs, sweep_id_for(config["sweep"]["name"], specs), uri)
-    if not force:
-        plan.skipped = _already_finished(uri, config["sweep"]["name"], specs)
-    return plan
-
-
-def sweep_id_for(name: str, specs: list[TrialSpec]) -> str:
-    """Same experiment + same set of trials = same sweep (so a rerun resumes it)."""
-    digest = hashlib.sha256((name + "|" + ",".join(sorted(s.trial_id for s in specs))).encode())
-    return digest.hexdigest()[:12]
-
-
-def _check_report_folder(config: dict[str, Any]) -> None:
-    """The report is written at the end of the sweep: refuse an unwritable folder now, not hours later."""
-    if not config["sweep"]["report"]:
-        return
-    target = Path(config["report"]["out"] or "fp8lab-report").expanduser().resolve()
-    existing = next(p for p in (target, *target.parents) if p.exists())
-    if not existing.is_dir() or not folder_is_writable(existing):
-        raise UserInputError(f"report.out: cannot write the report under {existing} (fix: report.out=<a writable folder>, "
-                             "or sweep.report=false)")
-
-
-def _already_finished(uri: str, experiment_name: str, specs: list[TrialSpec]) -> dict[str, str]:
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
-        return {}  # no store yet: nothing finished, and don't create one before the sweep really starts
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(experiment_name)
-    if experiment is None:
-        return {}
-    finished = tracking.finished_trials(client, experiment.experiment_id)
-    return {s.trial_id: finished[s.trial_id] for s in specs if s.trial_id in finished}
 
 
 def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:

@@ -2,39 +2,45 @@
 
 Never imports orchestrator or mlflow: a trial hands in a model and a policy name and gets back
 a PrecisionHandle; telemetry comes back as plain rows and floats for the caller to log.
+
+Names below are imported on first use (PEP 562): `import workloads.precision.policy` must not
+pull in peft and transformers (via ``apply``), so preflight checks stay quick.
 """
 
-from workloads.precision.apply import PrecisionHandle, apply_policy
-from workloads.precision.formats import E4M3, E5M2, Fp8Format, quantize_dequantize, saturating_cast
-from workloads.precision.grad_scaler import GradScalerConfig, LoraGradScaler
-from workloads.precision.policy import (
-    PrecisionPolicy,
-    UnknownPolicyError,
-    available_policies,
-    get_policy,
-    register_policy,
-)
-from workloads.precision.scaling import CastSpec, ScalingRecipe, TensorScaler
-from workloads.precision.telemetry import Fp8Telemetry, StepTelemetry
+from __future__ import annotations
 
-__all__ = [
-    "E4M3",
-    "E5M2",
-    "CastSpec",
-    "Fp8Format",
-    "Fp8Telemetry",
-    "GradScalerConfig",
-    "LoraGradScaler",
-    "PrecisionHandle",
-    "PrecisionPolicy",
-    "ScalingRecipe",
-    "StepTelemetry",
-    "TensorScaler",
-    "UnknownPolicyError",
-    "apply_policy",
-    "available_policies",
-    "get_policy",
-    "quantize_dequantize",
-    "register_policy",
-    "saturating_cast",
-]
+import importlib
+from typing import Any
+
+_SOURCES = {
+    "PrecisionHandle": "apply",
+    "apply_policy": "apply",
+    "E4M3": "formats",
+    "E5M2": "formats",
+    "Fp8Format": "formats",
+    "quantize_dequantize": "formats",
+    "saturating_cast": "formats",
+    "GradScalerConfig": "grad_scaler",
+    "LoraGradScaler": "grad_scaler",
+    "PrecisionPolicy": "policy",
+    "UnknownPolicyError": "policy",
+    "available_policies": "policy",
+    "get_policy": "policy",
+    "register_policy": "policy",
+    "CastSpec": "scaling",
+    "ScalingRecipe": "scaling",
+    "TensorScaler": "scaling",
+    "Fp8Telemetry": "telemetry",
+    "StepTelemetry": "telemetry",
+}
+
+__all__ = sorted(_SOURCES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _SOURCES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
