@@ -19,7 +19,11 @@ non-finite. NaN stays NaN.
 
 from __future__ import annotations
 
+import os
+import shutil
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -31,10 +35,14 @@ __all__ = [
     "get_format",
     "saturating_cast",
     "decode",
-    "decode_deferred",
+    "decode_fp32",
+    "decode_fp32_factor",
     "restore_nan",
+    "has_nan_code",
     "dequantize",
     "quantize_dequantize",
+    "FUSED",
+    "FUSED_MIN_NUMEL",
 ]
 
 
@@ -97,43 +105,75 @@ def saturating_cast(x: torch.Tensor, fmt: Fp8Format, *, inplace: bool = False) -
 def decode(q: torch.Tensor, dtype: torch.dtype, *, may_have_nan: bool = True) -> torch.Tensor:
     """float8 -> ``dtype``, bit-identical to ``q.to(dtype)`` (every FP8 value is exact there).
 
-    ``may_have_nan=False`` skips restoring NaN codes (see ``decode_deferred``).
+    ``may_have_nan=False`` skips restoring NaN codes (see ``decode_fp32``).
     """
-    y, factor = decode_deferred(q, dtype)
+    y, factor = decode_fp32(q)
     if factor != 1.0:
         y *= factor
+    if dtype != torch.float32:
+        y = y.to(dtype)
     return restore_nan(y, q) if may_have_nan else y
 
 
-def decode_deferred(q: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
-    """``(y, factor)`` with ``q``'s values equal to ``y * factor``: lets a caller fold the
-    factor into the multiply by its scale, so dequantizing costs one multiply pass, not two.
+def decode_fp32(q: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """``(y, factor)``: a fresh FP32 tensor ``y`` with ``q``'s values equal to ``y * factor``
+    exactly. Lets a caller fold ``factor`` into its multiply by the scale, so dequantizing costs
+    one multiply pass, not two, and then round once to the compute dtype.
 
-    E4M3 -> BF16 is the hot path of the emulation and torch's CPU kernel for it is several
-    times slower than the BF16 GEMM it feeds, so on CPU it is done with integer ops: the sign
-    and the 7 magnitude bits, shifted into an FP16 bit pattern, encode ``value * 2**-8`` for
-    normals and subnormals alike (FP16 has E4M3's subnormals as its own subnormals), and FP16 ->
-    BF16 is a fast, exact hardware conversion; multiplying by 256 then acts on normal numbers
-    only, so nothing pays the x86 penalty for subnormal arithmetic. The NaN code (0x7F/0xFF)
-    comes out finite here: call ``restore_nan`` unless the data is known NaN-free. Decoding is
-    not rounding: the unit tests compare all 256 codes against torch's cast. Every other
-    (format, dtype, device) uses torch's cast with factor 1.
+    Decoding is the hot path of the emulation, and torch's CPU float8 conversions are scalar
+    loops several times slower than the BF16 GEMM they feed, so on CPU the codes become FP16 bit
+    patterns with integer ops and FP16 -> FP32 is the (vectorised, exact) hardware conversion:
+
+    - E5M2 is the upper byte of FP16: ``code << 8`` is the value itself (Inf/NaN included);
+    - E4M3: the sign and the 7 magnitude bits, shifted to FP16 bits 7..13, encode
+      ``value * 2**-8`` for normals and subnormals alike (FP16 has E4M3's subnormals as its own
+      subnormals), hence ``factor = 256``. The result of FP16 -> FP32 is always an FP32
+      normal, so multiplying by the factor never pays the x86 penalty for subnormal operands
+      (FP16 -> BF16 directly, or decoding straight into BF16 bits, would). The NaN code
+      (0x7F/0xFF) comes out finite: call ``restore_nan`` unless the data is known NaN-free.
+
+    Decoding is not rounding: the unit tests compare all 256 codes with torch's cast. Other
+    devices, and tensors too small for the extra ops to pay off, use torch's cast with factor 1.
     """
-    if q.dtype != torch.float8_e4m3fn or dtype != torch.bfloat16 or q.device.type != "cpu":
-        return q.to(dtype), 1.0
-    bits = q.view(torch.int8).to(torch.int16)  # sign-extended: bit 15 is the FP8 sign bit
-    bits <<= 7  # eeeemmm -> FP16 exponent/mantissa bits 7..13 ...
-    bits &= _E4M3_TO_FP16_MASK  # ... and drop the sign-extension copy left in bit 14
-    return bits.view(torch.float16).to(torch.bfloat16), _E4M3_FROM_FP16_FACTOR
+    if q.device.type == "cpu" and q.numel() >= SMALL_NUMEL:
+        if q.dtype == torch.float8_e4m3fn:
+            bits = q.view(torch.int8).to(torch.int16)  # sign-extended: bit 15 is the FP8 sign bit
+            bits <<= 7  # eeeemmm -> FP16 exponent/mantissa bits 7..13 ...
+            bits &= _E4M3_TO_FP16_MASK  # ... and drop the sign-extension copy left in bit 14
+            return bits.view(torch.float16).float(), _E4M3_FROM_FP16_FACTOR
+        if q.dtype == torch.float8_e5m2:
+            bits = q.view(torch.uint8).to(torch.int16)
+            bits <<= 8  # the E5M2 byte is the upper byte of the same FP16 value
+            return bits.view(torch.float16).float(), 1.0
+    return q.float(), 1.0
+
+
+def decode_fp32_factor(q: torch.Tensor) -> float:
+    """The ``factor`` that ``decode_fp32(q)`` returns, without decoding."""
+    return _E4M3_FROM_FP16_FACTOR if _int_decoded_e4m3(q) else 1.0
+
+
+def _int_decoded_e4m3(q: torch.Tensor) -> bool:
+    return q.dtype == torch.float8_e4m3fn and q.device.type == "cpu" and q.numel() >= SMALL_NUMEL
+
+
+def has_nan_code(q: torch.Tensor) -> bool:
+    """Whether float8 ``q`` holds a NaN code, checked on the codes (one byte per element, no
+    decoded copy). Reads the answer on the host: a sync on GPU, meant for one-off checks."""
+    magnitude = q.view(torch.uint8) & 0x7F
+    nan_from = 0x7F if q.dtype == torch.float8_e4m3fn else 0x7D  # E5M2: 0x7C is Inf, above is NaN
+    return bool((magnitude >= nan_from).any())
 
 
 def restore_nan(y: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Put NaN where ``q`` holds an E4M3 NaN code (in place); other formats decode NaN already."""
-    if q.dtype == torch.float8_e4m3fn and y.dtype == torch.bfloat16 and q.device.type == "cpu":
+    """Put NaN where ``q`` holds an E4M3 NaN code (in place): needed after ``decode_fp32``'s
+    integer path only (E5M2 and torch's own casts decode NaN already)."""
+    if _int_decoded_e4m3(q):
         y.masked_fill_((q.view(torch.uint8) & 0x7F) == 0x7F, float("nan"))
     return y
 
 
+SMALL_NUMEL = 4096  # below this, per-op overhead dominates: fewer, plainer ops win
 _E4M3_TO_FP16_MASK = -0x4080  # int16 0xBF80: sign bit + the 7 shifted magnitude bits
 _E4M3_FROM_FP16_FACTOR = 256.0  # 2**(15 - 7): FP16 exponent bias minus E4M3 bias
 
@@ -144,7 +184,10 @@ def dequantize(
     """Decode float8 data and multiply by ``scale_inv`` in FP32, then cast to ``dtype``."""
     if scale_inv is None:
         return decode(q, dtype)
-    return (q.float() * scale_inv).to(dtype)
+    y, factor = decode_fp32(q)
+    mult = torch.as_tensor(scale_inv, dtype=torch.float32, device=q.device)
+    y = y * (mult * factor if factor != 1.0 else mult)  # exact: factor is a power of two
+    return restore_nan(y.to(dtype), q)
 
 
 def quantize_dequantize(
@@ -160,3 +203,164 @@ def quantize_dequantize(
     scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
     q = saturating_cast(x.float() * scale, fmt)
     return dequantize(q, scale.reciprocal(), x.dtype)
+
+
+# -- fused kernels (torch.compile) -------------------------------------------------------------
+# On CPU every eager op above is a separate pass over memory, and a quantize-dequantize is about
+# ten of them. For large tensors the same arithmetic compiled by inductor runs as one or two
+# vectorised loops. The kernels below compute exactly what the eager path computes (same FP32
+# products, the same float8 conversion, the same saturation and Inf -> NaN rule; the unit tests
+# compare them bit for bit, all 256 codes and every BF16 value included); scales are still
+# computed by the eager code and passed in, so no transcendental is ever evaluated twice in two
+# implementations. Used for CPU tensors of at least FUSED_MIN_NUMEL elements, when a C++
+# compiler is available; any compile or run failure switches them off for the process (with a
+# warning) and the eager path takes over. FP8LAB_FUSED_CASTS=off|on|auto (default auto).
+
+FUSED_MIN_NUMEL = 1 << 18  # 256 Ki elements: below this, compiling does not pay for itself
+_INF = float("inf")
+
+
+def _k_scale_clamp(
+    x: torch.Tensor, scale: torch.Tensor | None, fmax: float, p_dtype: torch.dtype, want_amax: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``x * scale`` (FP32 product), Inf -> NaN, clamp to +-fmax, stored in ``p_dtype``; plus
+    amax|x| when asked. With BF16 ``x`` and a power-of-two scale the product is exact in BF16
+    (or overflows to Inf in FP32 as well), so ``p_dtype`` BF16 loses nothing."""
+    xf = x.float()
+    p = xf if scale is None else xf * scale
+    # abs() == inf rather than isinf(): the same values, and inductor vectorises it
+    p = torch.where(p.abs() == _INF, float("nan"), p).clamp(-fmax, fmax).to(p_dtype)
+    return p, (xf.abs().amax() if want_amax else None)
+
+
+def _k_qdq_e4m3(
+    x: torch.Tensor,
+    scale: torch.Tensor | None,
+    scale_inv: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    want_amax: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``dequantize(cast_e4m3(x * scale))`` in one loop (plus amax|x| when asked)."""
+    xf = x.float()
+    p = xf if scale is None else xf * scale
+    p = torch.where(p.abs() == _INF, float("nan"), p).clamp(-E4M3.max, E4M3.max)
+    y = p.to(torch.float8_e4m3fn).to(torch.float32)
+    if scale_inv is not None:
+        y = y * scale_inv
+    return y.to(out_dtype), (xf.abs().amax() if want_amax else None)
+
+
+def _k_decode(
+    q: torch.Tensor, mult: torch.Tensor | None, tile: tuple[int, int] | None, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """``q`` times ``mult`` (None, 0-d, or one value per ``tile`` of 2-D ``q``) in ``out_dtype``."""
+    y = q.to(torch.float32)
+    if mult is not None and tile is not None and mult.dim() > 0:
+        rows, cols = q.shape
+        br, bc = tile
+        y = (y.view(rows // br, br, cols // bc, bc) * mult[:, None, :, None]).view(rows, cols)
+    elif mult is not None:
+        y = y * mult
+    return y.to(out_dtype)
+
+
+def _k_decode_flat(q: torch.Tensor, mult: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """``q`` times a per-tensor ``mult`` (or None) in ``out_dtype`` (activations: any length)."""
+    y = q.to(torch.float32)
+    if mult is not None:
+        y = y * mult
+    return y.to(out_dtype)
+
+
+class _Fused:
+    """Lazily compiled kernels with an eager fallback (see the section comment)."""
+
+    def __init__(self) -> None:
+        self.mode = os.environ.get("FP8LAB_FUSED_CASTS", "auto").strip().lower()
+        self.min_numel = FUSED_MIN_NUMEL
+        self._available: bool | None = None
+        self._compiled: dict[Any, Any] = {}
+
+    def usable(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` should take the compiled path (large, on CPU, compiler available)."""
+        if self.mode in ("off", "0", "false", "no") or t.device.type != "cpu":
+            return False
+        if t.numel() < self.min_numel:
+            return False
+        if self._available is None:
+            self._available = self._probe()
+        return self._available
+
+    def _probe(self) -> bool:
+        if not hasattr(torch, "compile"):
+            return False
+        if self.mode in ("on", "1", "true", "yes"):
+            return True
+        cxx = os.environ.get("CXX") or "c++"
+        return any(shutil.which(c) for c in (cxx, "g++", "clang++"))
+
+    def qdq(
+        self,
+        x: torch.Tensor,
+        scale: torch.Tensor | None,
+        scale_inv: torch.Tensor | None,
+        fmt: Fp8Format,
+        out_dtype: torch.dtype,
+        power_2: bool,
+        want_amax: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """``(dequantize(cast(x * scale)), amax|x| or None)`` with a per-tensor ``scale`` (or
+        None for a plain cast); None when the compiled path is unavailable.
+
+        E4M3 is one compiled loop. For E5M2, inductor's FP32 -> E5M2 conversion is a scalar
+        loop on CPU, several times slower than torch's own: the cast itself stays eager between
+        a compiled scale-and-clamp and a compiled decode.
+        """
+        flat = x.detach().reshape(-1)
+        if fmt.dtype == torch.float8_e4m3fn:
+            out = self.run(_k_qdq_e4m3, (flat, scale, scale_inv, out_dtype, want_amax))
+            return None if out is None else (out[0].view(x.shape), out[1])
+        exact_bf16 = x.dtype == torch.bfloat16 and (scale is None or power_2)
+        p_dtype = torch.bfloat16 if exact_bf16 else torch.float32
+        pre = self.run(_k_scale_clamp, (flat, scale, fmt.max, p_dtype, want_amax))
+        if pre is None:
+            return None
+        q = pre[0].to(fmt.dtype)  # torch's own (vectorised) rounding
+        y = self.run(_k_decode_flat, (q, scale_inv, out_dtype))
+        return None if y is None else (y.view(x.shape), pre[1])
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        mult: torch.Tensor | None,
+        tile: tuple[int, int] | None,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor | None:
+        """Frozen weights: static shapes (a model has a handful), the fastest code."""
+        return self.run(_k_decode, (q, mult, tile, out_dtype), dynamic=False)
+
+    def run(self, fn: Any, args: tuple[Any, ...], dynamic: bool = True) -> Any:
+        """``torch.compile(fn)(*args)``, compiled on first use; None after a failure."""
+        if not self._available:
+            return None
+        key = (fn, dynamic)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = torch.compile(fn, dynamic=dynamic)
+        try:
+            # One compiled variant per frozen-weight shape: allow a model's worth of them, and
+            # never silently run the kernel's Python eagerly past the limit (slow: torch's
+            # scalar float8 conversions); raising falls back to the eager path instead.
+            with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+                return compiled(*args)
+        except Exception as exc:  # noqa: BLE001 - no compiler, inductor bug...: fall back to eager
+            self._available = False
+            warnings.warn(
+                f"fp8lab: compiled FP8 casts disabled, using eager ops ({type(exc).__name__}: {exc})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+
+
+FUSED = _Fused()

@@ -22,12 +22,14 @@ are unaffected).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workloads.precision.formats import has_nan_code
 from workloads.precision.scaling import CastSpec, Fp8Tensor, Role, ScalingRecipe, TensorScaler
 from workloads.precision.telemetry import Fp8Telemetry, cast_stats
 
@@ -74,12 +76,42 @@ class CastSite:
             scaler.observe(x)
             return x.to(dtype)
         tel = self.telemetry
-        recording = tel is not None and tel.recording
-        q, saturated = scaler.quantize(x, count_saturated=recording)
+        if tel is None or not tel.recording:
+            if scaler.recipe.kind == "none":  # stateless: siblings fed the same x share one cast
+                return _PLAIN_CASTS.get(x, dtype, scaler)
+            return scaler.quantize_dequantize(x, dtype)
+        q, saturated = scaler.quantize(x, count_saturated=True)
         x_dq = q.dequantize(dtype)
-        if recording:
-            tel.record_cast(self.layer, self.kind, x, x_dq, q.scale_inv, saturated)
+        nan_free = not q.may_have_nan
+        tel.record_cast(self.layer, self.kind, x, x_dq, q.scale_inv, saturated, q.data, nan_free)
         return x_dq
+
+
+class _PlainCastCache:
+    """The last plain (unscaled) cast, keyed by the input tensor itself.
+
+    A plain cast is a pure function of its input, and PEFT feeds the very same tensor to a base
+    linear and its ``lora_A`` (and attention feeds one tensor to q, k and v): fp8_naive would
+    cast one activation six times. The entry is valid while the input is the same live object at
+    the same version (``_version`` counts in-place writes); it holds the input only weakly and
+    keeps one result, which the GEMMs keep alive anyway.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._ref: weakref.ref | None = None
+        self._value: torch.Tensor | None = None
+
+    def get(self, x: torch.Tensor, dtype: torch.dtype, scaler: TensorScaler) -> torch.Tensor:
+        key = (x._version, x.shape, x.stride(), x.storage_offset(), x.dtype, dtype, scaler.fmt.name)
+        if self._ref is not None and self._ref() is x and self._key == key:
+            return self._value  # type: ignore[return-value]
+        value = scaler.quantize_dequantize(x, dtype)
+        self._key, self._ref, self._value = key, weakref.ref(x), value
+        return value
+
+
+_PLAIN_CASTS = _PlainCastCache()
 
 
 class _BaseLinearFn(torch.autograd.Function):
@@ -149,10 +181,12 @@ class Fp8BaseLinear(nn.Module):
         self.register_buffer("weight_scale_inv", q.scale_inv)
         self._weight_tile = q.tile
         self._weight_power_2 = q.power_2
-        # SYNC: once at conversion -- lets every later decode skip the NaN-code fix-up.
-        self._weight_has_nan = bool(torch.isnan(q.dequantize(torch.float32)).any())
+        # SYNC: once at conversion -- lets every later decode skip the NaN-code fix-up. Checked
+        # on the codes: no decoded copy of the weight, whose size would set the peak memory.
+        self._weight_has_nan = has_nan_code(q.data)
         if telemetry is not None:  # frozen: stats once, emitted on every recorded step
-            stats = cast_stats(w, q.dequantize(torch.float32), q.scale_inv, saturated)
+            x_dq = q.dequantize(w.dtype if w.dtype in (torch.bfloat16, torch.float32) else torch.float32)
+            stats = cast_stats(w, x_dq, q.scale_inv, saturated, q.data, not self._weight_has_nan)
             telemetry.register_static(self.name, "weight", stats, w.numel())
 
     @property

@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from workloads.precision.formats import (
     FORMATS,
     Fp8Format,
-    decode,
-    decode_deferred,
+    FUSED,
+    decode_fp32,
+    decode_fp32_factor,
     get_format,
     restore_nan,
     saturating_cast,
@@ -168,15 +169,86 @@ class Fp8Tensor(NamedTuple):
 
     @torch.no_grad()
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """Decode to ``dtype``. Exact when the result is representable (plain cast, or power-of-2
-        scales into BF16/FP32); otherwise one FP32 multiply and one rounding to ``dtype``."""
-        if self.scale_inv is None:  # every FP8 value is representable in BF16/FP16/FP32
-            return decode(self.data, dtype, may_have_nan=self.may_have_nan)
-        if self.power_2 and dtype in (torch.bfloat16, torch.float32):
-            y, factor = decode_deferred(self.data, dtype)  # one multiply: factor * scale_inv
-            y = _mul_scale(y, (self.scale_inv * factor).to(dtype), self.tile, inplace=True)
-            return restore_nan(y, self.data) if self.may_have_nan else y
-        return _mul_scale(self.data.float(), self.scale_inv, self.tile, inplace=True).to(dtype)
+        """Decode to ``dtype``: the codes exactly in FP32, one FP32 multiply by ``scale_inv``
+        (with the decoder's power-of-two factor folded in, see ``formats.decode_fp32``), one
+        rounding to ``dtype``. Exact whenever the result is representable (plain cast, or
+        power-of-2 scales into BF16/FP32); otherwise the same single rounding as TE.
+
+        Large CPU tensors are decoded in row blocks that stay in the L2 cache (the FP32
+        intermediate is twice the size of the BF16 result), into one preallocated output.
+        """
+        data, scale_inv, tile = self.data, self.scale_inv, self.tile
+        fused = dtype in (torch.bfloat16, torch.float16) and data.dim() == 2
+        if fused and FUSED.usable(data) and _tiles_divide(data, scale_inv, tile):
+            out = FUSED.decode(data, scale_inv, tile, dtype)
+            if out is not None:
+                return out
+        factor = decode_fp32_factor(data)
+        mult = scale_inv * factor if scale_inv is not None and factor != 1.0 else scale_inv  # exact
+        rows = _row_block(data, tile, mult)
+        if rows is None:
+            return _decode_block(data, mult, tile, dtype, self.may_have_nan)
+        q2d = data.reshape(-1, data.shape[-1])
+        out = torch.empty(q2d.shape, dtype=dtype, device=data.device)
+        per_tile = mult is not None and mult.dim() > 0
+        for r0 in range(0, q2d.shape[0], rows):
+            m = mult[r0 // tile[0] : (r0 + rows) // tile[0]] if per_tile else mult
+            block = slice(r0, r0 + rows)
+            _decode_block(q2d[block], m, tile, dtype, self.may_have_nan, out[block])
+        return out.view(data.shape)
+
+
+_FINITE_CHECK_NUMEL = 1 << 14  # smaller: nan_to_num costs less than the check
+_ROW_BLOCK_ELEMS = 1 << 17  # 128 Ki elements: 512 KiB of FP32 scratch per block
+
+
+def _tiles_divide(
+    data: torch.Tensor, scale_inv: torch.Tensor | None, tile: tuple[int, int] | None
+) -> bool:
+    """Per-tile scales that tile ``data`` (2-D) exactly, or no per-tile scales at all."""
+    if scale_inv is None or scale_inv.dim() == 0 or tile is None:
+        return True
+    return data.shape[0] % tile[0] == 0 and data.shape[1] % tile[1] == 0
+
+
+def _row_block(
+    data: torch.Tensor, tile: tuple[int, int] | None, mult: torch.Tensor | None
+) -> int | None:
+    """Rows per block when ``data`` is worth decoding blockwise (large, on CPU, tiles that
+    divide it evenly), else None."""
+    if data.device.type != "cpu" or data.numel() < 4 * _ROW_BLOCK_ELEMS or data.dim() < 2:
+        return None
+    cols = data.shape[-1]
+    rows = max(1, _ROW_BLOCK_ELEMS // cols)
+    if tile is not None and mult is not None and mult.dim() > 0:
+        n_rows = data.numel() // cols
+        if n_rows % tile[0] or cols % tile[1]:
+            return None
+        rows = max(tile[0], rows // tile[0] * tile[0])
+    return rows
+
+
+def _decode_block(
+    q: torch.Tensor,
+    mult: torch.Tensor | None,
+    tile: tuple[int, int] | None,
+    dtype: torch.dtype,
+    may_have_nan: bool,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode ``q`` times ``mult`` (None: plain cast) into ``dtype`` (or into ``out``)."""
+    y, factor = decode_fp32(q)
+    if mult is None:
+        if factor != 1.0:
+            y *= factor
+    else:  # mult already holds the factor (Fp8Tensor.dequantize)
+        y = _mul_scale(y, mult, tile, inplace=True)
+    if out is not None:
+        out.copy_(y)
+        y = out
+    elif y.dtype != dtype:
+        y = y.to(dtype)
+    return restore_nan(y, q) if may_have_nan else y
 
 
 _MAX_SCALE = 2.0**100  # scale and 1/scale stay far from FP32/BF16 overflow (amax near 0 or huge)
@@ -232,7 +304,11 @@ def block_amax(x: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
     if tile[0] == 1:  # 1 x b tiles: one reduction over the last dim, no abs copy
         lo, hi = torch.aminmax(tiles.squeeze(1), dim=-1)
         return torch.maximum(hi, -lo).float()
-    return tiles.abs().amax(dim=(1, 3)).float()
+    # two reductions instead of an |x| copy (frozen weights are converted once, but a copy of
+    # the largest weight would set the process's peak memory)
+    hi = tiles.amax(dim=(1, 3))
+    lo = tiles.amin(dim=(1, 3))
+    return torch.maximum(hi, -lo).float()
 
 
 def _mul_scale(
@@ -286,23 +362,30 @@ class TensorScaler:
 
     def scale(self, x: torch.Tensor) -> torch.Tensor | None:
         """The scale to multiply ``x`` by before the cast; None for a plain cast."""
+        return self._scale_and_amax(x)[0]
+
+    def _scale_and_amax(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(scale, amax the scale came from: of ``x`` itself for current/block, of the history
+        for delayed, None for a plain cast)."""
         kind = self.recipe.kind
         if kind == "none":
-            return None
+            return None, None
         if kind == "current":
             amax = tensor_amax(x)
         elif kind == "block":
             amax = block_amax(x, self.tile)
         else:
             amax = self._history_amax(x.device)
-        return amax_to_scale(amax, self.fmt.max, self.recipe.margin, self.recipe.power_2_scale)
+        scale = amax_to_scale(amax, self.fmt.max, self.recipe.margin, self.recipe.power_2_scale)
+        return scale, amax
 
-    def observe(self, x: torch.Tensor) -> None:
-        """Delayed scaling: push ``amax(x)`` into the circular history (no-op for other recipes)."""
+    def observe(self, x: torch.Tensor, amax: torch.Tensor | None = None) -> None:
+        """Delayed scaling: push ``amax(x)`` into the circular history (no-op for other recipes).
+        ``amax`` saves the pass when the caller has it already."""
         if not self.uses_history:
             return
         history = self._history(x.device)
-        history[self._pos] = tensor_amax(x)
+        history[self._pos] = tensor_amax(x) if amax is None else amax
         self._pos = (self._pos + 1) % len(history)
         self._seen += 1
 
@@ -314,8 +397,14 @@ class TensorScaler:
 
         Returns the FP8 tensor and, when ``count_saturated``, the on-device number of elements
         with ``|x * scale| > fmax`` (TE's overflow count, taken before saturation) else None.
+
+        On CPU, where reading a tensor on the host is no device sync, one host check of the amax
+        tells whether ``x * scale`` is all finite; then the cast skips ``nan_to_num`` (a no-op on
+        finite data) and the decoder skips restoring NaN codes (there are none). Elsewhere, or
+        when something is not finite, the general path runs. The FP8 codes are the same.
         """
-        scale = self.scale(x)
+        kind = self.recipe.kind
+        scale, amax = self._scale_and_amax(x)
         power_2 = self.recipe.power_2_scale
         if scale is None:
             scaled = x
@@ -325,10 +414,45 @@ class TensorScaler:
             work = x if power_2 and x.dtype in (torch.bfloat16, torch.float32) else x.float()
             scaled = _mul_scale(work, scale.to(work.dtype), self.tile)
             self.scale_inv = scale.reciprocal()
+        x_amax = amax if kind == "current" else None  # amax of x itself, when at hand
+        finite = False
+        if x.device.type == "cpu" and x.numel() >= _FINITE_CHECK_NUMEL:
+            if kind in ("current", "block"):  # the scale came from x's amax: |x * scale| <~ fmax
+                finite = bool(torch.isfinite(amax).all())
+            else:
+                x_amax = tensor_amax(x)  # delayed needs it for the history anyway
+                peak = x_amax if scale is None else x_amax * scale  # exact, or the same rounding
+                finite = bool(torch.isfinite(peak))
         saturated = self._count_saturated(scaled) if count_saturated else None
-        data = saturating_cast(scaled, self.fmt, inplace=scaled is not x)
-        self.observe(x)
-        return Fp8Tensor(data, self.scale_inv, self.tile, power_2), saturated
+        if finite:
+            fmax = self.fmt.max
+            clamped = scaled.clamp_(-fmax, fmax) if scaled is not x else x.clamp(-fmax, fmax)
+            data = clamped.to(self.fmt.dtype)
+        else:
+            data = saturating_cast(scaled, self.fmt, inplace=scaled is not x)
+        self.observe(x, x_amax)
+        return Fp8Tensor(data, self.scale_inv, self.tile, power_2, may_have_nan=not finite), saturated
+
+    @torch.no_grad()
+    def quantize_dequantize(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``quantize(x)`` then ``dequantize(dtype)``, when nothing but the result is needed
+        (the cast sites of a step that telemetry does not record). Per-tensor recipes on large
+        CPU tensors run as one fused kernel (``formats.FUSED``); the FP8 codes, scales and amax
+        history are the same as on the two-step path."""
+        kind = self.recipe.kind
+        if kind != "block" and FUSED.usable(x):
+            scale, _ = self._scale_and_amax(x)
+            scale_inv = None if scale is None else scale.reciprocal()
+            out = FUSED.qdq(
+                x, scale, scale_inv, self.fmt, dtype, self.recipe.power_2_scale, self.uses_history
+            )
+            if out is not None:
+                x_dq, x_amax = out
+                self.scale_inv = scale_inv
+                self.observe(x, x_amax)
+                return x_dq
+        q, _ = self.quantize(x)
+        return q.dequantize(dtype)
 
     def _count_saturated(self, scaled: torch.Tensor) -> torch.Tensor:
         if self.recipe.kind in ("current", "block"):

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workloads.precision.formats import Fp8Format
+from workloads.precision.formats import FUSED, Fp8Format
 
 __all__ = [
     "CAST_KINDS",
@@ -67,8 +67,14 @@ def cast_stats(
     x_dq: torch.Tensor,
     scale_inv: torch.Tensor | None,
     saturated: torch.Tensor | int = 0,
+    codes: torch.Tensor | None = None,
+    nan_free: bool = False,
 ) -> torch.Tensor:
     """Stats vector of one cast, computed on ``x_hp``'s device with no host sync.
+
+    ``codes`` (the float8 data behind ``x_dq``) lets the zero count run on one byte per element
+    instead of two; ``nan_free=True`` (the caster knows ``x_dq`` has no NaN, e.g. from a CPU
+    finiteness check) skips counting non-finite values.
 
     Written for few passes and no FP32 copies of activation-sized tensors: reductions run
     straight on the BF16 data (``aminmax``, ``count_nonzero``, ``vector_norm(dtype=float32)``),
@@ -77,29 +83,79 @@ def cast_stats(
     """
     x_hp, x_dq = x_hp.detach(), x_dq.detach()
     dev = x_hp.device
-    sinv = torch.ones((), device=dev) if scale_inv is None else scale_inv.detach().float()
-    lo, hi = torch.aminmax(x_hp)
-    sq_err = torch.linalg.vector_norm(x_hp - x_dq, dtype=torch.float32).square()
+    fused = None
+    if FUSED.usable(x_hp):
+        fused = FUSED.run(_k_cast_stats, (x_hp.reshape(-1), x_dq.reshape(-1)))
+    if fused is not None:  # one compiled loop over both tensors (large CPU tensors)
+        underflow, amax, sq_err_sum, nonfinite = fused.unbind()
+        sq_err = sq_err_sum
+    else:
+        lo, hi = torch.aminmax(x_hp)
+        if codes is not None:  # a value is zero iff its code's magnitude bits are (NaN is not)
+            nonzero_dq = torch.count_nonzero(codes.view(torch.uint8) & 0x7F)
+        else:
+            nonzero_dq = torch.count_nonzero(x_dq)
+        underflow = torch.count_nonzero(x_hp) - nonzero_dq
+        amax = torch.maximum(hi, -lo)
+        sq_err = torch.linalg.vector_norm(x_hp - x_dq, dtype=torch.float32).square()
+        if nan_free:
+            nonfinite = _const(0.0, dev)
+        else:
+            nonfinite = torch.count_nonzero(x_dq - x_dq)  # 0 where finite, NaN (counted) where not
+    if scale_inv is None:
+        smin = smax = _const(1.0, dev)
+    elif scale_inv.dim() == 0:
+        smin = smax = scale_inv.detach()
+    else:
+        smin, smax = torch.aminmax(scale_inv.detach())
     parts = [
-        torch.count_nonzero(x_hp) - torch.count_nonzero(x_dq),
-        torch.as_tensor(saturated, device=dev),
-        torch.maximum(hi, -lo).float(),
-        sinv.min(),
-        sinv.max(),
+        underflow,
+        saturated if isinstance(saturated, torch.Tensor) else _const(float(saturated), dev),
+        amax,
+        smin,
+        smax,
         sq_err / max(x_hp.numel(), 1),
-        torch.count_nonzero(x_dq - x_dq),  # 0 where finite, NaN (counted) where not
-        torch.full((), _NAN, device=dev),
+        nonfinite,
+        _const(_NAN, dev),
     ]
-    return torch.stack([p.to(torch.float64) for p in parts])
+    return torch.stack(parts)  # type promotion: the FP64 NaN makes the whole vector FP64
+
+
+def _k_cast_stats(x_hp: torch.Tensor, x_dq: torch.Tensor) -> torch.Tensor:
+    """[underflow count, amax, squared-error sum, non-finite count] of a cast in one loop
+    (compiled; the eager branch of ``cast_stats`` computes the same, bar FP32 summation order)."""
+    xf, yf = x_hp.float(), x_dq.float()
+    diff = xf - yf
+    self_diff = yf - yf  # 0 where finite, NaN where not
+    return torch.stack([
+        (xf != 0).sum() - (yf != 0).sum(),
+        xf.abs().amax(),
+        (diff * diff).sum(),
+        (self_diff != self_diff).sum(),
+    ]).double()
+
+
+def _const(value: float, device: torch.device) -> torch.Tensor:
+    """A 0-d FP64 constant (cached per device on CPU: these are never written to)."""
+    if device.type == "cpu":
+        key = value if value == value else "nan"  # NaN != NaN: key it by name
+        cached = _CPU_CONSTS.get(key)
+        if cached is None:
+            cached = _CPU_CONSTS[key] = torch.tensor(value, dtype=torch.float64)
+        return cached
+    return torch.full((), value, dtype=torch.float64, device=device)
+
+
+_CPU_CONSTS: dict[Any, torch.Tensor] = {}
 
 
 @torch.no_grad()
-def _value_stats(value: torch.Tensor, amax: torch.Tensor, nonfinite: torch.Tensor) -> torch.Tensor:
-    """Stats vector of a LoRA-health row: only amax, nonfinite and value are meaningful."""
-    stats = torch.full((8,), _NAN, dtype=torch.float64, device=value.device)
-    stats[_AMAX] = amax.to(torch.float64)
-    stats[_NONFINITE] = nonfinite.to(torch.float64)
-    stats[_VALUE] = value.to(torch.float64)
+def _value_block(value: torch.Tensor, amax: torch.Tensor, nonfinite: torch.Tensor) -> torch.Tensor:
+    """Stats rows ``[k, 8]`` of LoRA-health entries: only amax, nonfinite and value are meaningful."""
+    stats = torch.full((value.shape[0], 8), _NAN, dtype=torch.float64, device=value.device)
+    stats[:, _AMAX] = amax
+    stats[:, _NONFINITE] = nonfinite.to(torch.float64)
+    stats[:, _VALUE] = value
     return stats
 
 
@@ -123,8 +179,17 @@ class _Pending:
     layer: str
     kind: str
     numel: int
-    stats: torch.Tensor
+    stats: torch.Tensor | None  # None once the rows are on the host (``_entries``)
     static: bool = False
+
+
+@dataclass
+class _Block:
+    """Several entries whose stats were computed together: ``keys[i]`` = (layer, kind, numel)
+    describes row ``stats[i]`` of a ``[k, 8]`` tensor."""
+
+    keys: list[tuple[str, str, int]]
+    stats: torch.Tensor
 
 
 class Fp8Telemetry:
@@ -135,7 +200,7 @@ class Fp8Telemetry:
         self.recording = False
         self.step = -1
         self.events_total = 0
-        self._pending: list[_Pending] = []
+        self._pending: list[_Pending | _Block] = []
         self._static: dict[tuple[str, str], _Pending] = {}
         self._static_reported: set[tuple[str, str]] = set()
 
@@ -154,11 +219,14 @@ class Fp8Telemetry:
         x_dq: torch.Tensor,
         scale_inv: torch.Tensor | None,
         saturated: torch.Tensor | int = 0,
+        codes: torch.Tensor | None = None,
+        nan_free: bool = False,
     ) -> None:
-        """Append the stats of one cast (device math only). No-op when not recording."""
+        """Append the stats of one cast (device math only). No-op when not recording.
+        ``codes``/``nan_free``: see ``cast_stats``."""
         if not self.recording:
             return
-        stats = cast_stats(x_hp, x_dq, scale_inv, saturated)
+        stats = cast_stats(x_hp, x_dq, scale_inv, saturated, codes, nan_free)
         self._pending.append(_Pending(layer, kind, x_hp.numel(), stats))
 
     def register_static(self, layer: str, kind: str, stats: torch.Tensor, numel: int) -> None:
@@ -171,23 +239,34 @@ class Fp8Telemetry:
         """Per trainable (LoRA) parameter: grad L2 norm and weight std, on device.
 
         Call after gradients are unscaled and before the optimizer step, so the numbers are
-        the ones the optimizer sees.
+        the ones the optimizer sees. Parameters of the same shape are stacked and reduced
+        together (a LoRA model has a handful of shapes and hundreds of parameters), so the cost
+        is a few ops per shape, not per parameter.
         """
         if not self.recording:
             return
+        groups: dict[tuple[Any, ...], list[tuple[str, torch.Tensor]]] = {}
         for name, p in model.named_parameters():
-            if not p.requires_grad:
-                continue
-            layer = name.removesuffix(".weight")
-            w = p.detach().float()
-            w_stats = _value_stats(w.std(), w.abs().amax(), (~torch.isfinite(w)).sum())
-            self._pending.append(_Pending(layer, "lora_weight_std", p.numel(), w_stats))
-            if p.grad is not None:
-                g = p.grad.detach().float()
-                g_stats = _value_stats(
-                    torch.linalg.vector_norm(g), g.abs().amax(), (~torch.isfinite(g)).sum()
+            if p.requires_grad:
+                groups.setdefault((tuple(p.shape), p.dtype, p.device), []).append((name, p))
+        for items in groups.values():
+            layers = [name.removesuffix(".weight") for name, _ in items]
+            numel = items[0][1].numel()
+            w = torch.stack([p.detach() for _, p in items]).reshape(len(items), -1).float()
+            std = w.std(dim=1) if numel > 1 else torch.full((len(items),), _NAN, device=w.device)
+            self._pending.append(
+                _Block([(layer, "lora_weight_std", numel) for layer in layers],
+                       _value_block(std, w.abs().amax(dim=1), (~torch.isfinite(w)).sum(dim=1)))
+            )
+            with_grad = [(layer, p.grad) for layer, (_, p) in zip(layers, items) if p.grad is not None]
+            if with_grad:
+                g = torch.stack([grad.detach() for _, grad in with_grad])
+                g = g.reshape(len(with_grad), -1).float()
+                self._pending.append(
+                    _Block([(layer, "lora_grad_norm", numel) for layer, _ in with_grad],
+                           _value_block(torch.linalg.vector_norm(g, dim=1), g.abs().amax(dim=1),
+                                        (~torch.isfinite(g)).sum(dim=1)))
                 )
-                self._pending.append(_Pending(layer, "lora_grad_norm", p.numel(), g_stats))
 
     # -- reporting -------------------------------------------------------------------------
     def end_step(
@@ -201,10 +280,11 @@ class Fp8Telemetry:
             return None
         self.recording = False
         extras = dict(extras or {})
-        entries = list(self._static.values()) + self._pending
+        items = list(self._static.values()) + self._pending
+        entries = [e for item in items for e in _entries(item)]
         host_extras = {k: float(v) for k, v in extras.items() if not isinstance(v, torch.Tensor)}
         dev_extras = {k: v for k, v in extras.items() if isinstance(v, torch.Tensor)}
-        values = self._transfer(entries, list(dev_extras.values()))
+        values = self._transfer(items, list(dev_extras.values()))
         self._pending.clear()
         stats, extra_values = values[: len(entries)], values[len(entries) :]
         rows = self._merge(entries, stats)
@@ -217,14 +297,16 @@ class Fp8Telemetry:
         return StepTelemetry(self.step, rows, metrics, events)
 
     @staticmethod
-    def _transfer(entries: list[_Pending], extras: list[torch.Tensor]) -> list[list[float]]:
+    def _transfer(items: list[_Pending | _Block], extras: list[torch.Tensor]) -> list[list[float]]:
         """Stack every stats vector and extra into one tensor and copy it to the host once."""
-        if not entries and not extras:
+        if not items and not extras:
             return []
-        device = (entries[0].stats if entries else extras[0]).device
-        vectors = [e.stats.to(device) for e in entries]
-        vectors += [_pad8(x.detach().reshape(()).to(device, torch.float64)) for x in extras]
-        return torch.stack(vectors).tolist()  # SYNC: the one device->host transfer per step
+        device = (items[0].stats if items else extras[0]).device
+        blocks = [item.stats.to(device).reshape(-1, 8) for item in items]
+        if extras:
+            scalars = torch.stack([x.detach().reshape(()).to(device, torch.float64) for x in extras])
+            blocks.append(torch.nn.functional.pad(scalars.reshape(-1, 1), (0, 7)))
+        return torch.cat(blocks).tolist()  # SYNC: the one device->host transfer per step
 
     def _merge(self, entries: list[_Pending], stats: list[list[float]]) -> list[dict[str, Any]]:
         """Combine micro-batch records of the same (layer, kind) into one row (host only)."""
@@ -258,9 +340,12 @@ class Fp8Telemetry:
         return events
 
 
-def _pad8(x: torch.Tensor) -> torch.Tensor:
-    """An extra scalar as a stats-shaped vector so it can ride in the same stacked transfer."""
-    return torch.cat([x.reshape(1), torch.zeros(7, dtype=x.dtype, device=x.device)])
+def _entries(item: _Pending | _Block) -> list[_Pending]:
+    """The entries of a pending item, one per stats row (stats tensors left out: host side)."""
+    if isinstance(item, _Block):
+        # host side only: the stats rows come back from the one transfer
+        return [_Pending(layer, kind, numel, None) for layer, kind, numel in item.keys]
+    return [item]
 
 
 def _new_row(step: int, entry: _Pending, s: list[float]) -> dict[str, Any]:
