@@ -44,7 +44,7 @@ def plan_sweep(overrides: list[str], config_dir: str | None, force: bool, check_
 
     uri = tracking.absolute_uri(config["tracking"]["uri"])
     checks = [lambda: tracking.check_store(uri), lambda: ray_runner.check_address(config["cluster"]),
-              lambda: _check_report_folder(config)]
+              lambda: ray_runner.check_local_resources(config["cluster"]), lambda: _check_report_folder(config)]
     if pending is not None:
         checks.insert(0, pending.wait)
     problems = []

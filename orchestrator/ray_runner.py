@@ -96,6 +96,25 @@ def check_resources(cluster: dict[str, Any]) -> None:
                              "or drop the resource)")
 
 
+def check_local_resources(cluster: dict[str, Any]) -> None:
+    """For a local Ray (no `cluster.address`), the checks of `check_resources` that can be made
+    before Ray starts: a sweep that could never schedule fails in a second, and once these pass
+    nothing about a local cluster can refuse the sweep after its MLflow store exists."""
+    if cluster["address"]:
+        return
+    cpus = cluster["num_cpus"] if cluster["num_cpus"] is not None else (os.cpu_count() or 1)
+    problems = []
+    if cluster["cpus_per_trial"] > cpus:
+        problems.append(f"cluster.cpus_per_trial: {cluster['cpus_per_trial']} CPUs per trial but the local Ray gets "
+                        f"{cpus:g} (fix: cluster.cpus_per_trial=1, or raise cluster.num_cpus)")
+    custom = [*(cluster.get("trial_resources") or {}), *(cluster.get("pin_trials") or [])]
+    if custom:
+        problems.append(f"cluster.trial_resources/pin_trials: {', '.join(custom)} only exist on a Ray cluster started with "
+                        "--resources (fix: set cluster.address to that cluster, or drop the resource)")
+    if problems:
+        raise UserInputError(problems)
+
+
 def node_count() -> int:
     return sum(1 for node in ray.nodes() if node.get("Alive"))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,22 +41,35 @@ class Interrupted(KeyboardInterrupt):
 
 
 def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
-    """Schedule the plan's trials on Ray, show live progress, return every result."""
+    """Schedule the plan's trials on Ray, show live progress, return every result.
+
+    On a local Ray the MLflow store and experiment are set up in a thread while Ray starts (a
+    fresh SQLite store takes seconds to create): the plan has already checked everything that
+    could refuse a local sweep (`ray_runner.check_local_resources`), so nothing is written for a
+    sweep that then does not run. Against a cluster, the cluster is checked first.
+    """
     cluster = plan.config["cluster"]
-    ray_runner.init_ray(cluster)
-    try:
-        ray_runner.check_resources(cluster)
-        ray_runner.check_store_for_cluster(cluster, plan.tracking_uri, plan.config["tracking"]["artifact_location"])
-        return _execute(plan, console, cluster)
-    finally:
-        import ray
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        early = None if cluster["address"] else pool.submit(_experiment_for, plan)
+        ray_runner.init_ray(cluster)
+        try:
+            ray_runner.check_resources(cluster)
+            ray_runner.check_store_for_cluster(cluster, plan.tracking_uri, plan.config["tracking"]["artifact_location"])
+            experiment_id = early.result() if early else _experiment_for(plan)
+            return _execute(plan, console, cluster, experiment_id)
+        finally:
+            import ray
 
-        ray.shutdown()
+            ray.shutdown()
 
 
-def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any]) -> SweepOutcome:
+def _experiment_for(plan: SweepPlan) -> str:
     client = MlflowClient(plan.tracking_uri)
-    experiment_id = tracking.ensure_experiment(client, plan.config["sweep"]["name"], plan.config["tracking"]["artifact_location"])
+    return tracking.ensure_experiment(client, plan.config["sweep"]["name"], plan.config["tracking"]["artifact_location"])
+
+
+def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_id: str) -> SweepOutcome:
+    client = MlflowClient(plan.tracking_uri)
     ray_runner.check_artifact_root(client.get_experiment(experiment_id).artifact_location, plan.config["sweep"]["name"])
     parent = tracking.open_parent_run(client, experiment_id, plan.sweep_id, plan.config["sweep"]["name"],
                                       resolved_yaml(plan.config), [s.trial_id for s in plan.specs])

@@ -48,3 +48,14 @@ def test_missing_custom_resource_is_refused_before_trials_wait_forever(monkeypat
     ray_runner.check_resources({**CLUSTER, "pin_trials": ["node_a"]})
     with pytest.raises(UserInputError, match=r"node_b.*custom resources: node_a=1.*--resources='\{\"node_b\": 1\}'"):
         ray_runner.check_resources({**CLUSTER, "pin_trials": ["node_a", "node_b"]})
+
+
+LOCAL = {**CLUSTER, "address": None, "num_cpus": 2}
+
+
+def test_local_cluster_resources_are_checked_before_ray_starts() -> None:
+    ray_runner.check_local_resources(LOCAL)  # fits: nothing raised
+    ray_runner.check_local_resources({**CLUSTER, "pin_trials": ["node_a"]})  # a real cluster: checked once connected
+    with pytest.raises(UserInputError) as exc:
+        ray_runner.check_local_resources({**LOCAL, "cpus_per_trial": 3, "trial_resources": {"pool": 1}})
+    assert [p.split(":")[0] for p in exc.value.problems] == ["cluster.cpus_per_trial", "cluster.trial_resources/pin_trials"]
