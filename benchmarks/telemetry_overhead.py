@@ -1,0 +1,168 @@
+"""Telemetry overhead: trial step time with fp8lab's telemetry vs telemetry off (goal: <= 3%).
+
+    python benchmarks/telemetry_overhead.py            # ~3 min: bf16 (the default trial) and fp8_protected
+    python benchmarks/telemetry_overhead.py --smoke    # seconds, for CI
+    python benchmarks/telemetry_overhead.py --json out.json --rounds 16
+
+Variants, each its own copy of the default trial (embedded model, LoRA, policy, data, seed),
+built in this process exactly as ``workloads.trial`` builds it and trained through
+``workloads.train_loop.run_training`` with a real ``MlflowTrialLogger`` on a temporary SQLite
+store (so the extra metrics telemetry logs are written like in a trial; ``--logger null`` drops
+them):
+
+- ``off``: ``precision.telemetry.enabled=false``;
+- ``default``: the shipped config (telemetry every 10 steps: every tensor kind, LoRA grad norms
+  and weight stds, one device->host transfer per recorded step);
+- ``every_step``: telemetry on every step (the worst case of the config);
+- ``item_loop``: telemetry off, plus the per-parameter monitor of SOURCES.md section 1 the way
+  the article writes it: after backward, for every LoRA parameter, grad norm, grad max-min
+  range, E5M2 round-trip loss and weight std, each read with ``.item()``, every step. This is
+  the reference that fp8lab's batched telemetry replaces.
+
+The variants run interleaved in chunks of ``--chunk`` steps (a chunk of 10 holds exactly one
+recorded step of ``default``), the order rotating each round; the figure is the median over
+rounds of each chunk's time per step, and the overhead the median of the per-round ratio to
+``off``. Torch uses one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common  # noqa: E402
+
+NAME = "telemetry_overhead"
+GOAL_PCT = 3.0
+
+
+class ItemLoopMonitor:
+    """SOURCES.md section 1's per-LoRA-parameter diagnostics, one ``.item()`` per number."""
+
+    def __init__(self, model: Any) -> None:
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.rows: list[tuple[str, float, float, float, float]] = []
+
+    def __call__(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for name, p in self.params:
+                g = p.grad
+                if g is None:
+                    continue
+                grad_norm = g.norm().item()
+                grad_range = (g.max() - g.min()).item()
+                g8 = g.to(torch.float8_e5m2).float()
+                mean_abs = g.abs().mean().item()
+                rt_loss = (g8 - g).abs().mean().item() / mean_abs if mean_abs else 0.0
+                w_std = p.detach().float().std().item()
+                self.rows.append((name, grad_norm, grad_range, rt_loss, w_std))
+        if len(self.rows) > 10_000:
+            self.rows.clear()
+
+
+def attach_item_loop(trial: common.InProcessTrial) -> ItemLoopMonitor:
+    """Run the monitor right after ``handle.prepare_step`` (grads unscaled, before the step)."""
+    monitor = ItemLoopMonitor(trial.model)
+    handle = trial.handle
+    prepare = handle.prepare_step
+
+    def prepare_and_monitor(optimizer: Any) -> bool:
+        ok = prepare(optimizer)
+        monitor()
+        return ok
+
+    handle.prepare_step = prepare_and_monitor
+    return monitor
+
+
+def build_variants(policy: str, logger_kind: str, store: Path) -> dict[str, common.InProcessTrial]:
+    variants = {
+        "off": common.build_trial(policy, telemetry=False),
+        "default": common.build_trial(policy),
+        "every_step": common.build_trial(policy, telemetry_every=1),
+        "item_loop": common.build_trial(policy, telemetry=False),
+    }
+    attach_item_loop(variants["item_loop"])
+    for name, trial in variants.items():
+        trial.logger_factory = mlflow_logger_factory(store, f"{policy}-{name}") if logger_kind == "mlflow" else None
+    return variants
+
+
+def mlflow_logger_factory(store: Path, run_name: str) -> Any:
+    """One MLflow run per variant on a SQLite store in ``store``; each chunk logs into it."""
+    from mlflow.tracking import MlflowClient
+
+    from workloads.tracking import MlflowTrialLogger
+
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("bench") or client.get_experiment(client.create_experiment(
+        "bench", artifact_location=str(store / "artifacts")))
+    run = client.create_run(exp.experiment_id, run_name=run_name)
+    logger = MlflowTrialLogger(uri, run.info.run_id)
+    return lambda: logger
+
+
+def measure(policy: str, rounds: int, chunk: int, logger_kind: str, store: Path) -> dict[str, Any]:
+    variants = build_variants(policy, logger_kind, store)
+    for trial in variants.values():  # warm-up: first-call allocations, lazy imports
+        trial.run_chunk(chunk)
+    samples = common.interleave({n: (lambda t=t: t.run_chunk(chunk)) for n, t in variants.items()}, rounds)
+    out: dict[str, Any] = {"policy": policy, "chunk_steps": chunk, "rounds": rounds,
+                           "variants": common.compare(samples, "off")}
+    for figures in out["variants"].values():
+        for clock in figures.values():
+            clock["overhead_pct"] = (clock["ratio"]["median"] - 1.0) * 100.0
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a few steps, to check the script runs")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--chunk", type=int, default=10, help="steps per variant per round")
+    parser.add_argument("--policies", default="bf16,fp8_protected")
+    parser.add_argument("--logger", choices=["mlflow", "null"], default="mlflow")
+    parser.add_argument("--json", help="where to write the figures (default benchmarks/results/)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.chunk, args.policies = 2, 2, "bf16"
+    common.pin_threads(1)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="fp8lab-bench-") as tmp:
+        for policy in args.policies.split(","):
+            results.append(measure(policy, args.rounds, args.chunk, args.logger, Path(tmp)))
+    rows = []
+    for res in results:
+        for name, v in res["variants"].items():
+            w, c = v["wall"], v["cpu"]
+            rows.append([res["policy"], name, w["step_s"]["median"] * 1e3, f"{w['overhead_pct']:+.1f}%",
+                         f"{w['ratio']['p25']:.3f}..{w['ratio']['p75']:.3f}", c["step_s"]["median"] * 1e3,
+                         f"{c['overhead_pct']:+.1f}%", f"{c['ratio']['p25']:.3f}..{c['ratio']['p75']:.3f}"])
+    common.print_table(f"Telemetry overhead vs off (median of {args.rounds} interleaved rounds of {args.chunk} steps, "
+                       "1 thread; wall clock and process CPU time)",
+                       ["policy", "variant", "wall ms/step", "overhead", "IQR of ratio", "cpu ms/step", "overhead",
+                        "IQR of ratio"], rows)
+    summary = {"goal_overhead_pct": GOAL_PCT,
+               "default_overhead_pct": {r["policy"]: {k: r["variants"]["default"][k]["overhead_pct"]
+                                                      for k in ("wall", "cpu")} for r in results},
+               "every_step_overhead_pct": {r["policy"]: {k: r["variants"]["every_step"][k]["overhead_pct"]
+                                                         for k in ("wall", "cpu")} for r in results},
+               "item_loop_overhead_pct": {r["policy"]: {k: r["variants"]["item_loop"][k]["overhead_pct"]
+                                                        for k in ("wall", "cpu")} for r in results}}
+    path = common.write_json(args.json, NAME, {"smoke": args.smoke, "logger": args.logger,
+                                               "summary": summary, "results": results,
+                                               "command": "python benchmarks/telemetry_overhead.py"})
+    line = ", ".join(f"{p}: wall {v['wall']:+.1f}% / cpu {v['cpu']:+.1f}%" for p, v in summary["default_overhead_pct"].items())
+    print(f"\ndefault telemetry overhead: {line} (goal <= {GOAL_PCT:.0f}%)\nJSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

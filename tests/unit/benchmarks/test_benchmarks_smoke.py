@@ -1,0 +1,88 @@
+"""Every benchmark's --smoke mode runs and writes its JSON, so the benchmarks never rot.
+
+The in-process ones (telemetry, FP8 emulation, memory) run here in seconds; the ones that launch
+`fp8lab trial` / `fp8lab sweep` processes (plain-script comparison, orchestration, growth) are
+marked integration. The figures of a smoke run mean nothing; only the shape of the JSON is checked.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+BENCH = ROOT / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """Import a benchmark module by name; torch threads are restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    monkeypatch.syspath_prepend(str(BENCH))
+    yield lambda name: importlib.import_module(name)
+    torch.set_num_threads(threads)
+
+
+def run_script(name: str, out: Path, timeout: int = 600) -> dict:
+    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--smoke", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_telemetry_overhead_smoke(bench, tmp_path):
+    out = tmp_path / "t.json"
+    assert bench("telemetry_overhead").main(["--smoke", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["smoke"] and data["environment"]["torch"]
+    variants = data["results"][0]["variants"]
+    assert set(variants) == {"off", "default", "every_step", "item_loop"}
+    assert variants["default"]["wall"]["ratio"]["n"] == 2 and "overhead_pct" in variants["default"]["cpu"]
+
+
+def test_fp8_emulation_smoke(bench, tmp_path):
+    out = tmp_path / "e.json"
+    assert bench("fp8_emulation").main(["--smoke", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    sizes = {r["hidden"]: r for r in data["results"]}
+    assert set(sizes) == {128, 192}
+    for res in sizes.values():
+        assert {"bf16", "fp8_protected", "fp8_naive"} <= set(res["variants"])
+        assert res["variants"]["fp8_protected"]["cpu"]["ratio"]["median"] > 0
+    if data["torchao"]:
+        assert "ratio_vs_torchao" in sizes[128]["variants"]["fp8_protected"]["wall"]
+
+
+def test_memory_smoke(bench, tmp_path):
+    out = tmp_path / "m.json"
+    assert bench("memory").main(["--smoke", "--json", str(out)]) == 0
+    by_policy = json.loads(out.read_text())["results"]["default"]
+    assert by_policy["bf16"]["base_linear_ratio"] == 1.0
+    assert by_policy["fp8_protected"]["base_linear_ratio"] < 0.52  # FP8 + 128x128 FP32 scales
+
+
+@pytest.mark.integration
+def test_vs_plain_script_smoke(tmp_path):
+    data = run_script("vs_plain_script", tmp_path / "p.json")
+    assert data["summary"]["tokens_per_s"]["fp8lab"] > 0 and data["summary"]["tokens_per_s"]["plain"] > 0
+
+
+@pytest.mark.integration
+def test_orchestration_smoke(tmp_path):
+    data = run_script("orchestration", tmp_path / "o.json")
+    assert data["summary"]["all_finished"] and data["summary"]["first_step_s"] > 0
+    assert len(data["sweep"]["trials"]) == 2
+
+
+@pytest.mark.integration
+def test_growth_smoke(tmp_path):
+    data = run_script("growth", tmp_path / "g.json", timeout=900)
+    assert [p["trials"] for p in data["summary"]] == [1]
+    assert all(p["store_bytes"] > 0 for p in data["summary"])
