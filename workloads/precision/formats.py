@@ -209,7 +209,7 @@ def quantize_dequantize(
 # On CPU every eager op above is a separate pass over memory, and a quantize-dequantize is about
 # ten of them. For large tensors the same arithmetic compiled by inductor runs as one or two
 # vectorised loops. The kernels below compute exactly what the eager path computes (same FP32
-# products, the same float8 conversion, the same saturation and Inf -> NaN rule; the unit tests
+# products, the same rounding, the same saturation and Inf -> NaN rule; the unit tests
 # compare them bit for bit, all 256 codes and every BF16 value included); scales are still
 # computed by the eager code and passed in, so no transcendental is ever evaluated twice in two
 # implementations. Used for CPU tensors of at least FUSED_MIN_NUMEL elements, when a C++
@@ -218,19 +218,6 @@ def quantize_dequantize(
 
 FUSED_MIN_NUMEL = 1 << 18  # 256 Ki elements: below this, compiling does not pay for itself
 _INF = float("inf")
-
-
-def _k_scale_clamp(
-    x: torch.Tensor, scale: torch.Tensor | None, fmax: float, p_dtype: torch.dtype, want_amax: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``x * scale`` (FP32 product), Inf -> NaN, clamp to +-fmax, stored in ``p_dtype``; plus
-    amax|x| when asked. With BF16 ``x`` and a power-of-two scale the product is exact in BF16
-    (or overflows to Inf in FP32 as well), so ``p_dtype`` BF16 loses nothing."""
-    xf = x.float()
-    p = xf if scale is None else xf * scale
-    # abs() == inf rather than isinf(): the same values, and inductor vectorises it
-    p = torch.where(p.abs() == _INF, float("nan"), p).clamp(-fmax, fmax).to(p_dtype)
-    return p, (xf.abs().amax() if want_amax else None)
 
 
 def _k_qdq_e4m3(
@@ -250,6 +237,41 @@ def _k_qdq_e4m3(
     return y.to(out_dtype), (xf.abs().amax() if want_amax else None)
 
 
+def _k_qdq_e5m2(
+    x: torch.Tensor,
+    scale: torch.Tensor | None,
+    scale_inv: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    want_amax: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``dequantize(cast_e5m2(x * scale))`` in one loop (plus amax|x| when asked).
+
+    Inductor's FP32 -> E5M2 conversion is a scalar loop on CPU, so the rounding is done on the
+    FP32 bits instead: E5M2 keeps 2 of FP32's 23 mantissa bits, and adding ``0xFFFFF`` plus the
+    lowest kept bit before clearing the 21 dropped bits is round-to-nearest-even (a carry moves
+    into the exponent as it should; the clamp keeps the result <= fmax). Below 2**-14 E5M2 is
+    subnormal, a fixed grid of 2**-16: ``round(|p| * 2**16) * 2**-16`` (torch.round is
+    half-to-even, and both products are exact). NaN passes through. The unit tests compare every
+    BF16 value with torch's own cast.
+    """
+    xf = x.float()
+    p = xf if scale is None else xf * scale
+    p = torch.where(p.abs() == _INF, float("nan"), p).clamp(-E5M2.max, E5M2.max)
+    nan = p != p
+    finite = torch.where(nan, 0.0, p)
+    mag = finite.view(torch.int32) & 0x7FFFFFFF
+    normal = ((mag + 0xFFFFF + ((mag >> 21) & 1)) & 0x7FE00000).view(torch.float32)
+    subnormal = torch.round(finite.abs() * 65536.0) * (1.0 / 65536.0)
+    magnitude = torch.where(mag < _E5M2_MIN_NORMAL_BITS, subnormal, normal)
+    y = torch.where(nan, p, torch.copysign(magnitude, finite))
+    if scale_inv is not None:
+        y = y * scale_inv
+    return y.to(out_dtype), (xf.abs().amax() if want_amax else None)
+
+
+_E5M2_MIN_NORMAL_BITS = 0x38800000  # FP32 bits of 2**-14, E5M2's smallest normal
+
+
 def _k_decode(
     q: torch.Tensor, mult: torch.Tensor | None, tile: tuple[int, int] | None, out_dtype: torch.dtype
 ) -> torch.Tensor:
@@ -260,14 +282,6 @@ def _k_decode(
         br, bc = tile
         y = (y.view(rows // br, br, cols // bc, bc) * mult[:, None, :, None]).view(rows, cols)
     elif mult is not None:
-        y = y * mult
-    return y.to(out_dtype)
-
-
-def _k_decode_flat(q: torch.Tensor, mult: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """``q`` times a per-tensor ``mult`` (or None) in ``out_dtype`` (activations: any length)."""
-    y = q.to(torch.float32)
-    if mult is not None:
         y = y * mult
     return y.to(out_dtype)
 
@@ -306,28 +320,16 @@ class _Fused:
         scale_inv: torch.Tensor | None,
         fmt: Fp8Format,
         out_dtype: torch.dtype,
-        power_2: bool,
         want_amax: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """``(dequantize(cast(x * scale)), amax|x| or None)`` with a per-tensor ``scale`` (or
         None for a plain cast); None when the compiled path is unavailable.
 
-        E4M3 is one compiled loop. For E5M2, inductor's FP32 -> E5M2 conversion is a scalar
-        loop on CPU, several times slower than torch's own: the cast itself stays eager between
-        a compiled scale-and-clamp and a compiled decode.
+        One compiled loop per format (``_k_qdq_e4m3``, ``_k_qdq_e5m2``).
         """
-        flat = x.detach().reshape(-1)
-        if fmt.dtype == torch.float8_e4m3fn:
-            out = self.run(_k_qdq_e4m3, (flat, scale, scale_inv, out_dtype, want_amax))
-            return None if out is None else (out[0].view(x.shape), out[1])
-        exact_bf16 = x.dtype == torch.bfloat16 and (scale is None or power_2)
-        p_dtype = torch.bfloat16 if exact_bf16 else torch.float32
-        pre = self.run(_k_scale_clamp, (flat, scale, fmt.max, p_dtype, want_amax))
-        if pre is None:
-            return None
-        q = pre[0].to(fmt.dtype)  # torch's own (vectorised) rounding
-        y = self.run(_k_decode_flat, (q, scale_inv, out_dtype))
-        return None if y is None else (y.view(x.shape), pre[1])
+        kernel = _k_qdq_e4m3 if fmt.dtype == torch.float8_e4m3fn else _k_qdq_e5m2
+        out = self.run(kernel, (x.detach().reshape(-1), scale, scale_inv, out_dtype, want_amax))
+        return None if out is None else (out[0].view(x.shape), out[1])
 
     def decode(
         self,

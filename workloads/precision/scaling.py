@@ -444,7 +444,7 @@ class TensorScaler:
             scale, _ = self._scale_and_amax(x)
             scale_inv = None if scale is None else scale.reciprocal()
             out = FUSED.qdq(
-                x, scale, scale_inv, self.fmt, dtype, self.recipe.power_2_scale, self.uses_history
+                x, scale, scale_inv, self.fmt, dtype, self.uses_history
             )
             if out is not None:
                 x_dq, x_amax = out
