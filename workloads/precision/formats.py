@@ -220,31 +220,29 @@ FUSED_MIN_NUMEL = 1 << 18  # 256 Ki elements: below this, compiling does not pay
 _INF = float("inf")
 
 
-def _k_qdq_e4m3(
+def _k_qdq(
     x: torch.Tensor,
     scale: torch.Tensor | None,
     scale_inv: torch.Tensor | None,
+    fmt_dtype: torch.dtype,
     out_dtype: torch.dtype,
     want_amax: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``dequantize(cast_e4m3(x * scale))`` in one loop (plus amax|x| when asked)."""
+    """``dequantize(cast(x * scale))`` in one loop (plus amax|x| when asked): ``x * scale`` as
+    an FP32 product, Inf -> NaN, clamp to +-fmax, round to the format, times ``scale_inv``."""
     xf = x.float()
     p = xf if scale is None else xf * scale
-    p = torch.where(p.abs() == _INF, float("nan"), p).clamp(-E4M3.max, E4M3.max)
-    y = p.to(torch.float8_e4m3fn).to(torch.float32)
+    fmax = E4M3.max if fmt_dtype == torch.float8_e4m3fn else E5M2.max
+    # abs() == inf rather than isinf(): the same values, and inductor vectorises it
+    p = torch.where(p.abs() == _INF, float("nan"), p).clamp(-fmax, fmax)
+    y = p.to(torch.float8_e4m3fn).to(torch.float32) if fmt_dtype == torch.float8_e4m3fn else _round_e5m2(p)
     if scale_inv is not None:
         y = y * scale_inv
     return y.to(out_dtype), (xf.abs().amax() if want_amax else None)
 
 
-def _k_qdq_e5m2(
-    x: torch.Tensor,
-    scale: torch.Tensor | None,
-    scale_inv: torch.Tensor | None,
-    out_dtype: torch.dtype,
-    want_amax: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``dequantize(cast_e5m2(x * scale))`` in one loop (plus amax|x| when asked).
+def _round_e5m2(p: torch.Tensor) -> torch.Tensor:
+    """FP32 ``p`` (already clamped to +-57344) rounded to E5M2, in FP32.
 
     Inductor's FP32 -> E5M2 conversion is a scalar loop on CPU, so the rounding is done on the
     FP32 bits instead: E5M2 keeps 2 of FP32's 23 mantissa bits, and adding ``0xFFFFF`` plus the
@@ -254,19 +252,13 @@ def _k_qdq_e5m2(
     half-to-even, and both products are exact). NaN passes through. The unit tests compare every
     BF16 value with torch's own cast.
     """
-    xf = x.float()
-    p = xf if scale is None else xf * scale
-    p = torch.where(p.abs() == _INF, float("nan"), p).clamp(-E5M2.max, E5M2.max)
     nan = p != p
     finite = torch.where(nan, 0.0, p)
     mag = finite.view(torch.int32) & 0x7FFFFFFF
     normal = ((mag + 0xFFFFF + ((mag >> 21) & 1)) & 0x7FE00000).view(torch.float32)
     subnormal = torch.round(finite.abs() * 65536.0) * (1.0 / 65536.0)
     magnitude = torch.where(mag < _E5M2_MIN_NORMAL_BITS, subnormal, normal)
-    y = torch.where(nan, p, torch.copysign(magnitude, finite))
-    if scale_inv is not None:
-        y = y * scale_inv
-    return y.to(out_dtype), (xf.abs().amax() if want_amax else None)
+    return torch.where(nan, p, torch.copysign(magnitude, finite))
 
 
 _E5M2_MIN_NORMAL_BITS = 0x38800000  # FP32 bits of 2**-14, E5M2's smallest normal
@@ -325,10 +317,9 @@ class _Fused:
         """``(dequantize(cast(x * scale)), amax|x| or None)`` with a per-tensor ``scale`` (or
         None for a plain cast); None when the compiled path is unavailable.
 
-        One compiled loop per format (``_k_qdq_e4m3``, ``_k_qdq_e5m2``).
+        One compiled loop (``_k_qdq``).
         """
-        kernel = _k_qdq_e4m3 if fmt.dtype == torch.float8_e4m3fn else _k_qdq_e5m2
-        out = self.run(kernel, (x.detach().reshape(-1), scale, scale_inv, out_dtype, want_amax))
+        out = self.run(_k_qdq, (x.detach().reshape(-1), scale, scale_inv, fmt.dtype, out_dtype, want_amax))
         return None if out is None else (out[0].view(x.shape), out[1])
 
     def decode(
