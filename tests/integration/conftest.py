@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import socket
@@ -53,13 +54,22 @@ def trial_runs(workdir: Path, experiment: str) -> list:
 
 
 def trial_statuses(workdir: Path, experiment: str) -> list[str]:
-    """Sorted MLflow statuses of the trial runs; [] while the store or experiment does not exist."""
+    """Sorted MLflow statuses of the trial runs; [] while the store or experiment does not exist.
+    Meant for polling: one client per store (a new SQLite client checks the schema, ~1 s)."""
     if not (workdir / "mlflow.db").exists():
         return []
     try:
-        return sorted(r.info.status for r in trial_runs(workdir, experiment))
+        client = _polling_client(str(workdir))
+        exp = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([exp.experiment_id]) if exp else []
+        return sorted(r.info.status for r in runs if r.data.tags.get("fp8lab.role") == "trial")
     except Exception:  # noqa: BLE001 - store or experiment not created yet
         return []
+
+
+@functools.lru_cache(maxsize=None)
+def _polling_client(workdir: str) -> MlflowClient:
+    return client_for(Path(workdir))
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
