@@ -48,8 +48,11 @@ def test_interrupted_driver_marks_runs_killed_and_rerun_completes_only_missing(w
     args = ["sweep", *TINY, "train.steps=60", "sweep.report=false", "cluster.num_cpus=1", f"sweep.name={name}",
             "sweep.axes.precision=[bf16]", "sweep.axes.seed=[0,1]"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    # preexec_fn: a shell starts background jobs with SIGINT ignored, and the child would inherit
+    # that (so would a CI runner launched with `&`); the CLI must see Ctrl-C as a terminal sends it
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=workdir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # one slot: seed 0 finishes, then seed 1 starts; interrupt while it runs
         wait_for(lambda: trial_statuses(workdir, name) == ["FINISHED", "RUNNING"], 300, "seed 0 done, seed 1 running")
