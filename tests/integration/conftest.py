@@ -1,11 +1,12 @@
 """Integration fixtures: run the real `fp8lab` CLI in a temp folder on the embedded model."""
 from __future__ import annotations
 
+import contextlib
 import csv
-import functools
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -54,22 +55,21 @@ def trial_runs(workdir: Path, experiment: str) -> list:
 
 
 def trial_statuses(workdir: Path, experiment: str) -> list[str]:
-    """Sorted MLflow statuses of the trial runs; [] while the store or experiment does not exist.
-    Meant for polling: one client per store (a new SQLite client checks the schema, ~1 s)."""
-    if not (workdir / "mlflow.db").exists():
+    """Sorted MLflow statuses of the trial runs; [] until the store is ready. Meant for polling
+    while a sweep runs: read-only plain SQLite, because an MLflow client opened on a store that
+    the sweep is still creating would run the schema migration a second time, concurrently, and
+    leave a half-migrated store."""
+    db = workdir / "mlflow.db"
+    if not db.exists():
         return []
+    query = ("SELECT r.status FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id "
+             "JOIN tags t ON t.run_uuid = r.run_uuid AND t.key = 'fp8lab.role' AND t.value = 'trial' "
+             "WHERE e.name = ?")
     try:
-        client = _polling_client(str(workdir))
-        exp = client.get_experiment_by_name(experiment)
-        runs = client.search_runs([exp.experiment_id]) if exp else []
-        return sorted(r.info.status for r in runs if r.data.tags.get("fp8lab.role") == "trial")
-    except Exception:  # noqa: BLE001 - store or experiment not created yet
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as conn:
+            return sorted(row[0] for row in conn.execute(query, (experiment,)))
+    except sqlite3.Error:  # tables not created yet, or locked for a moment
         return []
-
-
-@functools.lru_cache(maxsize=None)
-def _polling_client(workdir: str) -> MlflowClient:
-    return client_for(Path(workdir))
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
