@@ -19,6 +19,8 @@ EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 EPILOG = """examples:
   fp8lab sweep                                  # default sweep: 3 policies x 2 seeds, then the report
   fp8lab sweep --dry-run '+sweep.axes={lora.r:[8,16]}'
+  fp8lab sweep -m precision=bf16,fp8_protected seed=0,1 train.lr=1e-4,3e-4   # Hydra's multirun grammar
+  fp8lab sweep precision=fp8_protected          # a plain value of an axis narrows it: 2 trials (seeds 0, 1)
   fp8lab trial precision=fp8_protected seed=1 trial.output=result.json
   fp8lab report --out report/
   fp8lab ui
@@ -36,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="run the sweep matrix on Ray (policies x seeds x other axes)")
     _add_hydra_args(sweep)
     sweep.add_argument("--dry-run", action="store_true", help="print the trials (and which would be skipped) and stop")
+    sweep.add_argument("-m", "--multirun", action="store_true",
+                       help="Hydra's flag, accepted for familiarity: `fp8lab sweep` always reads key=a,b, choice(), "
+                            "range() and glob() as sweep axes")
     sweep.add_argument("--force", action="store_true", help="rerun trials that already FINISHED in this experiment")
     report = sub.add_parser("report", help="write the quality-vs-speed report from MLflow")
     report.add_argument("--experiment", help="MLflow experiment (default: sweep.name)")
@@ -73,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
 def _composed(args: argparse.Namespace) -> dict[str, Any]:
     from orchestrator.config_loader import compose_config, to_container
     from orchestrator.schema import validate_config
+    from orchestrator.sweep_grammar import refuse_sweep_overrides
 
+    if args.command != "sweep":  # a sweep's overrides were rewritten into axes by cmd_sweep
+        refuse_sweep_overrides(args.overrides, args.command)
     config = to_container(compose_config(args.overrides, args.config_dir))
     problems = validate_config(config)
     if problems:
@@ -99,6 +107,10 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from orchestrator.sweep_grammar import rewrite_sweep_overrides
+
+    command_line = rewrite_sweep_overrides(args.overrides, args.config_dir)
+    args.overrides = command_line.overrides
     config = _composed(args)  # before importing MLflow and Ray (seconds): a config mistake is reported at once
     if args.cfg:
         return _print_cfg(config)
@@ -110,7 +122,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     out = console()
     if args.dry_run:
-        _print_plan(plan, out)
+        _print_plan(plan, out, command_line.axes_set)
         return 0
     if not plan.to_run:
         out.print(f"All {len(plan.specs)} trials of sweep {plan.sweep_id} already FINISHED (use --force to rerun them).")
@@ -128,10 +140,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else 0
 
 
-def _print_plan(plan: Any, out: Any) -> None:
+def _print_plan(plan: Any, out: Any, axes_set: dict[str, str]) -> None:
     from rich.table import Table
 
-    from orchestrator.matrix import describe
+    from orchestrator.matrix import describe, flatten_axes
+
+    axes = flatten_axes(plan.config["sweep"]["axes"])
+    out.print("axes: " + " x ".join(f"{k}={v}" + (f" (from {axes_set[k]})" if k in axes_set else "") for k, v in axes.items()),
+              highlight=False, markup=False)
 
     table = Table(title=f"sweep {plan.sweep_id}: {len(plan.specs)} trials, experiment '{plan.config['sweep']['name']}'")
     rows = [describe(s) for s in plan.specs]
@@ -205,6 +221,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     from orchestrator.config_loader import compose_config, to_container
     from orchestrator.tracking import absolute_uri
+    from orchestrator.sweep_grammar import refuse_sweep_overrides
+
+    refuse_sweep_overrides(args.overrides, "ui")
 
     config = to_container(compose_config(args.overrides, args.config_dir))
     uri = absolute_uri(config["tracking"]["uri"])

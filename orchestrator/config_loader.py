@@ -52,6 +52,15 @@ def compose_many(override_sets: list[list[str]], config_dir: str | None = None) 
     return configs
 
 
+def group_options(group: str, config_dir: str | None = None) -> list[str]:
+    """Options of a config group in fp8lab's tree and the user's --config-dir (what `glob()` sweeps)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    search = _searchpath_override(config_dir)
+    with initialize_config_dir(config_dir=str(shipped_config_dir()), version_base="1.3", job_name="fp8lab"):
+        return GlobalHydra.instance().config_loader().get_group_options(group, config_name="config", overrides=search)
+
+
 def _unparsable_override(override_sets: list[list[str]], exc: Exception) -> str:
     """Hydra's grammar error does not say which override it choked on: find it and name its key."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
