@@ -300,9 +300,7 @@ def build_trial(
         model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
     else:
         model, tokenizer = wide_model(paths.model_dir, hidden, layers)
-    train_data = data_mod.tokenize_examples(
-        data_mod.load_examples(config["data"], paths.data_dir), tokenizer,
-        config["train"]["max_seq_len"], config["data"]["target_delimiter"])
+    train_data = data_mod.load_training_data(config["data"], tokenizer, config["train"]["max_seq_len"], paths.data_dir)
     model = attach_lora(model, config["lora"], seed)
     pol = get_policy(config["precision"]["policy"]).with_switches(**(config["precision"]["switches"] or {}))
     telem = Fp8Telemetry(underflow_threshold_pct=tele["underflow_threshold_pct"])

@@ -59,9 +59,12 @@ SCHEMA: dict[str, Any] = {
     "data": {
         "path": _str("embedded"),
         "train_split": _str("train"),
+        "format": _choice("auto", "multiple_choice", "prompt_completion", "chat"),
         "prompt_field": _str("prompt"),
         "answer_field": _str("answer"),
         "choices_field": _str("choices", nullable=True),
+        "completion_field": _str("completion"),
+        "messages_field": _str("messages"),
         "target_delimiter": Rule((str,), "a string", '" "'),
         "max_train_examples": _int("an integer >= 1 or null", "1000", lo=1, nullable=True),
     },

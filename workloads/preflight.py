@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.pt")
 EMBEDDED_TASK = "fp8lab_embedded"
@@ -20,7 +20,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
     """Every problem found for one trial config, one line each."""
     problems: list[str] = []
     problems += check_model(config["model"])
-    problems += check_data(config["data"], config["eval"])
+    problems += check_data(config)
     problems += check_policy(config["precision"])
     problems += check_device(config["train"], config["cluster"])
     problems += check_output(config["trial"].get("output"))
@@ -56,84 +56,13 @@ def _hub_cached(repo_id: str) -> bool:
         return False
 
 
-def check_data(data_cfg: dict[str, Any], eval_cfg: dict[str, Any]) -> list[str]:
-    path = data_cfg["path"]
-    if path == "embedded":
-        return []
-    local = Path(path).expanduser()
-    if not local.exists():
-        if path.startswith((".", "/", "~")) or path.endswith((".jsonl", ".json")):
-            return [f"data.path: {path} does not exist (fix: a JSONL file or a folder of <split>.jsonl files)"]
-        return []  # a HF dataset name: `datasets` reports it when loading
-    files = _split_files(local)
-    split = data_cfg["train_split"]
-    if split not in files:
-        return [f"data.path: no '{split}' split in {path} (found: {', '.join(files) or 'no .jsonl files'}) "
-                f"(fix: add {split}.jsonl or set data.train_split)"]
-    needed = [split] + (["test"] if eval_cfg["task"] == EMBEDDED_TASK and local.is_dir() else [])
-    problems = []
-    for name in needed:
-        if name not in files:
-            problems.append(f"data.path: eval.task={EMBEDDED_TASK} evaluates {path}/test.jsonl, which is missing "
-                            "(fix: add test.jsonl, or choose another eval.task)")
-            continue
-        problems += check_jsonl(Path(files[name]), data_cfg)
-    return problems
+def check_data(config: dict[str, Any]) -> list[str]:
+    """The training data (and task data a data folder provides): see workloads.data_checks."""
+    from workloads.data_checks import check_data_inputs
+    from workloads.evaluate import embedded_paths
 
-
-def _split_files(local: Path) -> dict[str, str]:
-    if local.is_dir():
-        return {f.stem: str(f) for f in sorted(local.glob("*.jsonl"))}
-    return {"train": str(local)}
-
-
-def check_jsonl(path: Path, data_cfg: dict[str, Any]) -> list[str]:
-    """Malformed lines (with their number), missing fields, bad answer indices, empty file."""
-    fields = [data_cfg["prompt_field"], data_cfg["answer_field"]] + ([data_cfg["choices_field"]] if data_cfg.get("choices_field") else [])
-    rows = 0
-    for lineno, row, error in _jsonl_rows(path):
-        if error:
-            return [f"data.path: {path} line {lineno} is not valid JSON ({error}) (fix: one JSON object per line)"]
-        rows += 1
-        missing = [f for f in fields if f not in row]
-        if missing:
-            key = {data_cfg["prompt_field"]: "data.prompt_field", data_cfg["answer_field"]: "data.answer_field"}.get(missing[0], "data.choices_field")
-            return [f"{key}: {path} line {lineno} has no field '{missing[0]}' (fields: {', '.join(row)}) "
-                    f"(fix: set {key} to one of those fields)"]
-        problem = _check_answer(row, data_cfg, path, lineno)
-        if problem:
-            return [problem]
-    if rows == 0:
-        return [f"data.path: {path} has no examples (fix: add at least one JSON line)"]
-    return []
-
-
-def _check_answer(row: dict[str, Any], data_cfg: dict[str, Any], path: Path, lineno: int) -> str | None:
-    choices_field = data_cfg.get("choices_field")
-    answer = row[data_cfg["answer_field"]]
-    if not choices_field or isinstance(answer, str):
-        return None
-    choices = row[choices_field]
-    if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(choices):
-        return (f"data.answer_field: {path} line {lineno}: answer {answer!r} is not an index into {len(choices)} choices "
-                "(fix: a 0-based int index, or set data.choices_field=null for text answers)")
-    return None
-
-
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any], str | None]]:
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield lineno, {}, exc.msg
-                return
-            if not isinstance(row, dict):
-                yield lineno, {}, "not a JSON object"
-                return
-            yield lineno, row, None
+    paths = embedded_paths()
+    return check_data_inputs(config, paths.data_dir, paths.model_dir)
 
 
 def check_policy(precision_cfg: dict[str, Any]) -> list[str]:

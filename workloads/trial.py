@@ -144,9 +144,7 @@ def _device_name(device: torch.device) -> str:
 
 
 def _training_data(config: dict[str, Any], tokenizer: Any, embedded_dir: Path) -> data_mod.TokenizedData:
-    examples = data_mod.load_examples(config["data"], embedded_dir)
-    log.info("loaded %d training examples", len(examples))
-    return data_mod.tokenize_examples(examples, tokenizer, config["train"]["max_seq_len"], config["data"]["target_delimiter"])
+    return data_mod.load_training_data(config["data"], tokenizer, config["train"]["max_seq_len"], embedded_dir)
 
 
 def _loop_settings(config: dict[str, Any]) -> LoopSettings:
