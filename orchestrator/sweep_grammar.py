@@ -85,6 +85,8 @@ def _parse(text: str) -> Override | None:
 def _sweep_values(override: Override, text: str, config_dir: str | None) -> tuple[list[str], str | None]:
     """The sweep's values as Hydra literals (`range(0,3)` -> 0, 1, 2), or a problem line."""
     key = override.key_or_group
+    if key.startswith("sweep."):
+        return [], f"{key}: {text!r} sweeps a sweep setting (fix: give an axis as a list, {key}=[a,b], or sweep the key itself)"
     if override.is_delete() or override.value_type not in _ENUMERABLE:
         return [], (f"{key}: {text!r} cannot be swept as a grid (fix: a comma list a,b, choice(a,b), range(start,stop[,step]) "
                     "or glob(pattern) for a config group)")

@@ -45,6 +45,14 @@ def _jsonl(name: str, rows: list[str]) -> Callable[[Path], None]:
 GOOD_ROW = json.dumps({"prompt": "Which is largest?", "choices": ["1", "9"], "answer": 1})
 
 
+def _bad_data_folder(folder: Path) -> None:
+    """`"prompt": null` (trained on "None" before), non-UTF-8 bytes, `"choices": "1234"`."""
+    (folder / "d").mkdir()
+    (folder / "d" / "train.jsonl").write_text(GOOD_ROW + "\n" + GOOD_ROW.replace('"Which is largest?"', "null") + "\n")
+    (folder / "d" / "validation.jsonl").write_bytes(GOOD_ROW.replace("largest", "gr\u00f6\u00dfte").encode("latin-1") + b"\n")
+    (folder / "d" / "test.jsonl").write_text(GOOD_ROW.replace('["1", "9"]', '"1234"') + "\n")
+
+
 def _model_without_weights(folder: Path) -> None:
     (folder / "model").mkdir()
     (folder / "model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
@@ -104,6 +112,11 @@ CASES = [
          contains=["no examples"]),
     Case("dataset-malformed-line", "sweep", ["data.path=./d.jsonl", *ONE_CELL], ["data.path"],
          setup=_jsonl("d.jsonl", [GOOD_ROW, GOOD_ROW, '{"prompt": "broken",', GOOD_ROW]), contains=["line 3"]),
+    # every split file of a data folder, all problems at once (the data folder's validation.jsonl is what eval reads)
+    Case("dataset-folder-bad-rows-in-every-split", "sweep", ["data.path=./d", *ONE_CELL],
+         ["data.prompt_field", "data.path", "data.choices_field"], setup=_bad_data_folder,
+         contains=["d/train.jsonl line 2 'prompt' is null", "d/validation.jsonl line 1 is not UTF-8",
+                   "d/test.jsonl line 1 'choices' must be a list"]),
     Case("lm-eval-task-unknown", "trial", ["eval.task=no_such_task_xyz"], ["eval.task"], contains=["no_such_task_xyz"]),
     Case("cuda-device-without-gpu", "trial", ["train.device=cuda"], ["train.device"]),
     Case("gpu-per-trial-without-gpu", "sweep", ["cluster.gpus_per_trial=1", *ONE_CELL], ["cluster.gpus_per_trial"]),

@@ -51,8 +51,8 @@ def test_plain_value_of_an_axis_narrows_it() -> None:
 
 def test_sweeps_that_are_not_a_grid_are_refused_with_one_line() -> None:
     with pytest.raises(UserInputError) as info:
-        rewrite_sweep_overrides(["train.lr=interval(1e-4,1e-3)"])
-    assert len(info.value.problems) == 1 and info.value.problems[0].startswith("train.lr:")
+        rewrite_sweep_overrides(["train.lr=interval(1e-4,1e-3)", "sweep.axes.seed=0,1", "precision=glob(nothing_*)"])
+    assert [p.split(":")[0] for p in info.value.problems] == ["train.lr", "sweep.axes.seed", "precision"]
 
 
 def test_trial_refuses_a_sweep_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
