@@ -57,12 +57,19 @@ def _hub_cached(repo_id: str) -> bool:
 
 
 def check_data(config: dict[str, Any]) -> list[str]:
-    """The training data (and task data a data folder provides): see workloads.data_checks."""
-    from workloads.data_checks import check_data_inputs
-    from workloads.evaluate import embedded_paths
+    """The training data (and task data a data folder provides): see workloads.data_checks.
+    Read once per distinct data/eval/model setting, not once per policy of a sweep."""
+    key = json.dumps([config["data"], config["eval"], config["model"]], sort_keys=True, default=str)
+    if key not in _DATA_CHECKED:
+        from workloads.data_checks import check_data_inputs
+        from workloads.evaluate import embedded_paths
 
-    paths = embedded_paths()
-    return check_data_inputs(config, paths.data_dir, paths.model_dir)
+        paths = embedded_paths()
+        _DATA_CHECKED[key] = check_data_inputs(config, paths.data_dir, paths.model_dir)
+    return _DATA_CHECKED[key]
+
+
+_DATA_CHECKED: dict[str, list[str]] = {}
 
 
 def check_policy(precision_cfg: dict[str, Any]) -> list[str]:

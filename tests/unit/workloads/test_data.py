@@ -137,3 +137,24 @@ def test_each_format_trains_on_the_embedded_model(tmp_path: Path, base_config: d
     (tmp_path / "d.jsonl").write_text((json.dumps(row) + "\n") * 4)
     result = _train_two_steps(_config(base_config, tmp_path / "d.jsonl", format=fmt), chat_model_dir if fmt == "chat" else None)
     assert result.status == "FINISHED" and result.steps_done == 2 and math.isfinite(result.final_loss) and result.final_loss > 0
+
+
+class _ThinkingTemplate:
+    """Like templates that drop the reasoning of assistant turns before the last user message: a
+    turn renders differently once later turns exist, so its boundaries cannot come from prefixes."""
+
+    def apply_chat_template(self, messages: list[dict], tokenize: bool, add_generation_prompt: bool) -> str:
+        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        turns = [f"<{m['role']}>{m['content'].split('|')[-1] if m['role'] == 'assistant' and i < last_user else m['content']}</>"
+                 for i, m in enumerate(messages)]
+        return "".join(turns) + ("<assistant>" if add_generation_prompt else "")
+
+
+def test_chat_template_that_rewrites_earlier_turns_trains_the_final_turn_only() -> None:
+    from workloads.data_formats import chat_segments
+
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "think|one"},
+                {"role": "user", "content": "b"}, {"role": "assistant", "content": "think|two"}]
+    segments = chat_segments(messages, _ThinkingTemplate())
+    assert [s.text for s in segments if s.trained] == ["think|two</>"]
+    assert "".join(s.text for s in segments) == _ThinkingTemplate().apply_chat_template(messages, False, False)
