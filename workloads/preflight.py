@@ -58,7 +58,7 @@ def _hub_cached(repo_id: str) -> bool:
 
 def check_data(config: dict[str, Any]) -> list[str]:
     """The training data (and task data a data folder provides): see workloads.data_checks.
-    Read once per distinct data/eval/model setting, not once per policy of a sweep."""
+    Read once per distinct data/eval/model setting of a `check_many` call, not once per policy."""
     key = json.dumps([config["data"], config["eval"], config["model"]], sort_keys=True, default=str)
     if key not in _DATA_CHECKED:
         from workloads.data_checks import check_data_inputs
@@ -167,6 +167,7 @@ def check_eval_task(eval_cfg: dict[str, Any]) -> list[str]:
 
 def check_many(configs: list[dict[str, Any]]) -> list[str]:
     """Problems across configs, each distinct problem once (a sweep repeats most of them)."""
+    _DATA_CHECKED.clear()  # files may have changed since an earlier call in this process
     seen: dict[str, None] = {}
     checked: set[str] = set()
     for cluster in {json.dumps(c["cluster"], sort_keys=True, default=str): c["cluster"] for c in configs}.values():
