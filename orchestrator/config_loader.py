@@ -77,12 +77,17 @@ def _unparsable_override(override_sets: list[list[str]], exc: Exception) -> str:
     return f"config: {message} (fix: check the override syntax, e.g. key=value or key=[a,b])"
 
 
+# Open mappings: any key may be added without Hydra's `+`/`++` prefixes.
+OPEN_MAPPINGS = ("sweep.axes", "precision.switches")
+
+
 def _open_axes(override: str) -> str:
-    """`sweep.axes` is an open mapping: `sweep.axes={lora.r:[8,16]}` adds an axis and
-    `sweep.axes.train.lr=[...]` adds or replaces one, without Hydra's `+`/`++` prefixes
-    (Hydra's struct mode would otherwise refuse keys the default sweep does not have).
-    Existing axes are kept; remove one with `~sweep.axes.seed`."""
-    if override.startswith("sweep.axes=") or override.startswith("sweep.axes."):
+    """`sweep.axes` and `precision.switches` are open mappings: `sweep.axes={lora.r:[8,16]}`
+    adds an axis, `sweep.axes.train.lr=[...]` adds or replaces one, and
+    `precision.switches={lm_head_fp8:true}` sets switches, all without Hydra's `+`/`++`
+    prefixes (Hydra's struct mode would otherwise refuse keys the shipped config does not
+    have). Existing entries are kept; remove one with `~sweep.axes.seed`."""
+    if any(override.startswith(f"{key}=") or override.startswith(f"{key}.") for key in OPEN_MAPPINGS):
         return "++" + override
     return override
 

@@ -19,6 +19,10 @@ from orchestrator.trial_id import compute_trial_id
 
 # Axes that name the trial already (run name `<policy>-s<seed>`); others are appended.
 NAMING_AXES = ("precision", "seed")
+# The policy every other one is compared with: `precision.switches` never apply to it in a sweep.
+BASELINE_POLICY = "bf16"
+# Hydra overrides that give the baseline cell an empty switch mapping again.
+_BASELINE_OVERRIDES = ("~precision.switches", "++precision.switches={}")
 
 
 @dataclass(frozen=True)
@@ -109,17 +113,31 @@ def expand_sweep(base_overrides: list[str], base_config: dict, config_dir: str |
     groups = group_names()
     cells = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
     cell_overrides = [[format_override(k, v, groups) for k, v in cell.items()] for cell in cells]
-    composed = compose_many([list(base_overrides) + o for o in cell_overrides], config_dir)
+    fixes = [_baseline_fix(base_config, axes, cell) for cell in cells]
+    composed = compose_many([list(base_overrides) + f + o for f, o in zip(fixes, cell_overrides)], config_dir)
     specs, problems = [], []
-    for cell, overrides, cfg in zip(cells, cell_overrides, composed):
+    for cell, fix, overrides, cfg in zip(cells, fixes, cell_overrides, composed):
         config = to_container(cfg)
         for problem in validate_config(config):
             problems.append(f"[{', '.join(overrides)}] {problem}")
-        specs.append(TrialSpec(tuple(base_overrides) + tuple(overrides), cell, config, compute_trial_id(config)))
+        specs.append(TrialSpec(tuple(base_overrides) + tuple(fix) + tuple(overrides), cell, config,
+                               compute_trial_id(config)))
     problems += _duplicate_ids(specs)
     if problems:
         raise UserInputError(sorted(set(problems), key=problems.index))
     return specs
+
+
+def _baseline_fix(base_config: dict, axes: dict[str, Any], cell: dict[str, Any]) -> list[str]:
+    """`precision.switches` in a sweep change the FP8 policies it compares, never the baseline
+    they are compared with: the bf16 cell of a precision axis stays plain bf16 (its run name,
+    tag and trial id are those of every other bf16 trial), while switched policies get their
+    own label (`fp8_protected+lm_head_fp8=True`). A sweep of bf16 alone keeps the switches."""
+    switches = base_config.get("precision", {}).get("switches") or {}
+    values = axes.get("precision") or []
+    if switches and cell.get("precision") == BASELINE_POLICY and len(set(map(str, values))) > 1:
+        return list(_BASELINE_OVERRIDES)
+    return []
 
 
 def _duplicate_ids(specs: list[TrialSpec]) -> list[str]:

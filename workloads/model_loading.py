@@ -50,5 +50,20 @@ def attach_lora(model: Any, lora_cfg: dict[str, Any], seed: int) -> Any:
     return get_peft_model(model, config)
 
 
+def meta_model(model_cfg: dict[str, Any]) -> Any | None:
+    """The model's module structure without its weights (meta device: no memory, no file reads
+    beyond config.json), for checks before training; None for the embedded model (a Llama)."""
+    if model_cfg["name_or_path"] == "embedded":
+        return None
+    from transformers import AutoConfig
+
+    path = resolve_model_path(model_cfg["name_or_path"], Path("."))
+    trust = bool(model_cfg.get("trust_remote_code", False))
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust)
+    return model.requires_grad_(False)
+
+
 def lora_parameters(model: Any) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]

@@ -6,6 +6,7 @@ stdout) so the orchestrator can use it without importing torch itself.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -22,6 +23,8 @@ def check_config(config: dict[str, Any]) -> list[str]:
     problems += check_model(config["model"])
     problems += check_data(config)
     problems += check_policy(config["precision"])
+    if not problems:
+        problems += check_model_policy(config["model"], config["precision"])
     problems += check_device(config["train"], config["cluster"])
     problems += check_output(config["trial"].get("output"))
     problems += check_eval_task(config["eval"])
@@ -82,6 +85,36 @@ def check_policy(precision_cfg: dict[str, Any]) -> list[str]:
         return [f"precision.policy: {exc}" if "switch" not in str(exc) else f"precision.switches: {exc}"]
     return [f"precision.backend: {problem}" if not problem.startswith("precision.") else problem
             for problem in backend_policy_errors(precision_cfg["backend"], policy)]
+
+
+def check_model_policy(model_cfg: dict[str, Any], precision_cfg: dict[str, Any]) -> list[str]:
+    """An FP8 policy on a model with GEMM weights that are not linears (fused MoE expert tensors)
+    would leave them in BF16 unannounced: refuse before training, naming them."""
+    from workloads.precision.policy import get_policy
+
+    policy = get_policy(precision_cfg["policy"]).with_switches(**(precision_cfg.get("switches") or {}))
+    if not (policy.base_fp8 or policy.lm_head_fp8):
+        return []
+    names = _unsupported_weights(json.dumps(model_cfg, sort_keys=True))
+    if not names:
+        return []
+    shown = ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+    return [f"precision.policy: {policy.name} puts the model's linears in FP8, but {model_cfg['name_or_path']} "
+            f"has GEMM weights that are not linears ({shown}, e.g. fused MoE experts), which no FP8 backend "
+            "can cast (fix: precision=bf16, or a model whose experts are nn.Linear modules)"]
+
+
+@functools.lru_cache(maxsize=8)
+def _unsupported_weights(model_cfg_json: str) -> tuple[str, ...]:
+    """Per model, once per process (a sweep checks every policy against the same model)."""
+    from workloads.model_loading import meta_model
+    from workloads.precision.walker import unsupported_weights
+
+    try:
+        model = meta_model(json.loads(model_cfg_json))
+    except Exception:  # noqa: BLE001 - an unloadable model is check_model's to report
+        return ()
+    return () if model is None else tuple(unsupported_weights(model))
 
 
 def check_device(train_cfg: dict[str, Any], cluster_cfg: dict[str, Any]) -> list[str]:

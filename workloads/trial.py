@@ -25,6 +25,7 @@ from workloads.faults import FaultInjector
 from workloads.memory import PeakMemory
 from workloads.model_loading import attach_lora, load_base_model
 from workloads.precision.backends import apply_backend, select_backend
+from workloads.precision.ladder import TAG_DEVIATIONS, ladder_tags
 from workloads.precision.policy import get_policy
 from workloads.precision.telemetry import Fp8Telemetry
 from workloads.tracking import MlflowTrialLogger, write_parquet
@@ -81,8 +82,8 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     base_metrics = _evaluate(model, tokenizer, config, device, prefix="eval/base_") if config["eval"]["before_training"] else {}
     choice = select_backend(config["precision"]["backend"], device)
     handle = apply_backend(model, policy, telemetry, choice)
-    result.update(backend=handle.backend, emulated=bool(handle.emulated))
-    logger.set_tags({"fp8lab.backend_reason": choice.reason[:5000]})
+    result.update(backend=handle.backend, emulated=bool(handle.emulated), deviations=list(handle.deviations))
+    logger.set_tags({"fp8lab.backend_reason": choice.reason[:5000], TAG_DEVIATIONS: "; ".join(handle.deviations)[:5000]})
     _log_setup(logger, config, result, handle, policy)
     settings = _loop_settings(config)
     def make_batches(start_step: int):
@@ -162,7 +163,8 @@ def _log_setup(logger: MlflowTrialLogger, config: dict[str, Any], result: dict[s
 
     logger.set_tags({"fp8lab.backend": handle.backend, "fp8lab.emulated": str(bool(handle.emulated)).lower(),
                      "fp8lab.device": result["device"], "fp8lab.policy_version": policy.version,
-                     "fp8lab.ablation": getattr(policy, "ablation", "") or "",
+                     "fp8lab.ablation": policy.ablation,
+                     **ladder_tags(policy.ladder, policy.ladder_base, policy.mechanism),
                      "fp8lab.cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                      "fp8lab.host": socket.gethostname(), **_ray_placement_tags(), **_version_tags()})
     logger.log_text(OmegaConf.to_yaml(OmegaConf.create(config)), "config/resolved.yaml")
@@ -240,7 +242,7 @@ def _log_telemetry(logger: MlflowTrialLogger, train: TrainResult) -> None:
 def _result_skeleton(config: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
     return {"trial_id": ctx.trial_id, "policy": ctx.policy_label, "seed": config["seed"], "status": "FINISHED",
             "reason": "", "backend": "emulated" if config["precision"]["backend"] == "auto" else config["precision"]["backend"],
-            "device": "unknown", "emulated": True,
+            "device": "unknown", "emulated": True, "deviations": [],
             "mlflow_run_id": ctx.run_id, "metrics": {}}
 
 

@@ -9,10 +9,13 @@
   turned off (``cast_input_dtype_enabled=False``) so activations are not copied to FP32 first.
   This is explicit per module rather than a global autocast, so the trainer needs no autocast
   and every GEMM's format is visible in ``plan``;
-- each PEFT ``LoraLayer``'s ``base_layer`` (found by type, not by Llama module names) becomes an
-  ``Fp8BaseLinear`` when the policy casts any base tensor to FP8. PEFT's forward keeps calling
-  ``self.base_layer(x)``; the output embedding (``get_output_embeddings()``) is only converted
-  when ``lm_head_fp8`` is set.
+- every frozen linear of the model (``walker.frozen_linears``: each PEFT ``base_layer``, the
+  linears ``lora.target_modules`` left without an adapter, transformers ``Conv1D``) becomes an
+  ``Fp8BaseLinear`` when the policy casts any base tensor to FP8 -- a narrow target list must
+  not leave half the GEMMs in BF16. PEFT's forward keeps calling ``self.base_layer(x)``. The
+  output embedding is only converted when ``lm_head_fp8`` is set; when it is tied to the input
+  embedding it becomes an ``Fp8TiedLinear`` (shared weight, cast per GEMM), so the tie holds.
+  The plan has a row for every linear, with its format or why it stays in the compute dtype.
 
 The training step then reads (``handle.calibrate(...)`` once before the first step):
 
@@ -21,7 +24,7 @@ The training step then reads (``handle.calibrate(...)`` once before the first st
     handle.scale_loss(loss).backward()
     if handle.prepare_step(optimizer):   # FP8 grad casts / unscale + overflow check / LoRA stats
         optimizer.step()
-        handle.after_step()              # fp8_naive: round LoRA weights back into E4M3
+        handle.after_step()              # FP8 adapter storage: round LoRA weights into E4M3
     optimizer.zero_grad(set_to_none=True)
     stats = telemetry.end_step({"train/loss": loss.detach()})  # None when not recorded
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -42,9 +46,16 @@ from torch import nn
 
 from workloads.precision.formats import E4M3, E5M2, saturating_cast
 from workloads.precision.grad_scaler import LoraGradScaler
-from workloads.precision.linear import CastSite, Fp8BaseLinear, Fp8LoraLinear, LoraComputeLinear
+from workloads.precision.linear import (
+    CastSite,
+    Fp8BaseLinear,
+    Fp8LoraLinear,
+    Fp8TiedLinear,
+    LoraComputeLinear,
+)
 from workloads.precision.policy import PrecisionPolicy, get_policy
 from workloads.precision.telemetry import Fp8Telemetry, count_saturated
+from workloads.precision.walker import LINEAR_TYPES, FrozenLinear, frozen_linears
 
 __all__ = ["PrecisionHandle", "apply_policy"]
 
@@ -64,6 +75,8 @@ class PrecisionHandle:
     scaler: LoraGradScaler | None = None
     backend: str = "emulated"
     emulated: bool = True
+    # What the backend changed relative to the policy, one sentence each (none when emulated).
+    deviations: tuple[str, ...] = ()
 
     # -- calibration ---------------------------------------------------------------------
     def calibrate(self, run_forward: Callable[[Any], Any], batches: Iterable[Any]) -> int:
@@ -144,7 +157,7 @@ class PrecisionHandle:
 
     @torch.no_grad()
     def after_step(self) -> None:
-        """fp8_naive: round every LoRA weight back into E4M3 storage (plain cast)."""
+        """FP8 adapter storage: round every LoRA weight back into E4M3 (plain cast)."""
         if self.policy.lora_storage != "fp8_e4m3":
             return
         tel = self.telemetry
@@ -168,7 +181,7 @@ class PrecisionHandle:
         for module in self.model.modules():
             if isinstance(module, Fp8BaseLinear):
                 total += module.storage_bytes()
-            elif isinstance(module, nn.Linear) and id(module.weight) not in lora_ids:
+            elif isinstance(module, LINEAR_TYPES) and id(module.weight) not in lora_ids:
                 total += module.weight.nbytes
         return total
 
@@ -184,18 +197,16 @@ def apply_policy(
     if applied is not None:
         raise ValueError(f"precision policy {applied!r} is already applied to this model")
     cd = policy.torch_compute_dtype
-    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     plan: list[dict[str, Any]] = []
     sites: list[CastSite] = []
 
+    for site in frozen_linears(model):
+        new = _convert_base(site, policy, telemetry, plan, sites)
+        if new is not site.module:
+            site.replace(model, new)
     for name, module in list(model.named_modules()):
         if isinstance(module, LoraLayer):
-            _convert_lora_layer(name, module, policy, telemetry, plan, sites, lm_head)
-    if isinstance(lm_head, nn.Linear):  # not a LoRA target: a plain Linear to convert or not
-        lm_name = _qualified_name(model, lm_head)
-        new = _convert_base(lm_name, lm_head, policy, telemetry, plan, sites, is_lm_head=True)
-        if new is not lm_head:
-            _set_submodule(model, lm_name, new)
+            _convert_lora_layer(name, module, policy, telemetry, plan)
 
     lora_params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     _set_dtypes(model, cd, lora_params)
@@ -215,17 +226,9 @@ def _convert_lora_layer(
     policy: PrecisionPolicy,
     telemetry: Fp8Telemetry | None,
     plan: list[dict[str, Any]],
-    sites: list[CastSite],
-    lm_head: nn.Module | None,
 ) -> None:
     layer.cast_input_dtype_enabled = False  # keep activations in the compute dtype (docstring)
-    base = layer.base_layer
-    is_head = layer is lm_head or base is lm_head
-    if isinstance(base, nn.Linear):
-        layer.base_layer = _convert_base(
-            name, base, policy, telemetry, plan, sites, is_lm_head=is_head
-        )
-    else:
+    if not isinstance(layer.base_layer, LINEAR_TYPES + (Fp8BaseLinear, Fp8TiedLinear)):
         plan.append(_row(name, "base", "all", "compute_dtype", "unsupported layer type, unchanged"))
     for adapter in list(layer.lora_A.keys()):
         for part in ("lora_A", "lora_B"):
@@ -235,25 +238,26 @@ def _convert_lora_layer(
 
 
 def _convert_base(
-    name: str,
-    linear: nn.Linear,
+    site: FrozenLinear,
     policy: PrecisionPolicy,
     telemetry: Fp8Telemetry | None,
     plan: list[dict[str, Any]],
     sites: list[CastSite],
-    *,
-    is_lm_head: bool,
 ) -> nn.Module:
-    role = "lm_head" if is_lm_head else "base"
-    fp8 = policy.lm_head_fp8 if is_lm_head else policy.base_fp8
+    """The policy's base rule for one frozen linear, LoRA-targeted or not (lm_head: its own)."""
+    name, role = site.layer_name, site.role
+    fp8 = policy.lm_head_fp8 if role == "lm_head" else policy.base_fp8
+    where = _where(site)
     if not fp8:
         cd = _dtype_name(policy.torch_compute_dtype)
+        why = "excluded by the policy" if role == "lm_head" and policy.base_fp8 else "compute dtype"
         for tensor in ("weight", "activation", "dgrad"):
-            plan.append(_row(name, role, tensor, cd, "compute dtype"))
-        return linear
+            plan.append(_row(name, role, tensor, cd, f"{why}; {where}"))
+        return site.module
     # lm_head in FP8 uses the same three cast specs as the other base GEMMs of the policy.
-    new = Fp8BaseLinear(
-        linear,
+    cls = Fp8TiedLinear if site.tied else Fp8BaseLinear
+    new = cls(
+        _as_linear(site),
         weight=policy.base_weight,
         activation=policy.base_activation,
         dgrad=policy.base_dgrad,
@@ -262,13 +266,36 @@ def _convert_base(
         compute_dtype=policy.torch_compute_dtype,
     )
     sites.extend(new.cast_sites())
+    storage = "cast per GEMM from the tied BF16 weight" if site.tied else "storage"
     plan.append(
-        _row(name, role, "weight", policy.base_weight.tag, "storage + fwd/dgrad GEMM operand")
+        _row(name, role, "weight", policy.base_weight.tag, f"{storage} + fwd/dgrad GEMM operand; {where}")
     )
     plan.append(_row(name, role, "activation", policy.base_activation.tag, "fwd GEMM input"))
     plan.append(_row(name, role, "dgrad", policy.base_dgrad.tag, "grad_output in dgrad GEMM"))
     plan.append(_row(name, role, "wgrad", "none", "frozen: no weight gradient"))
     return new
+
+
+def _where(site: FrozenLinear) -> str:
+    """Plan note: why this linear is there (targeted or not, layout, tie)."""
+    parts = ["LoRA-targeted" if site.targeted else "no LoRA adapter"]
+    if site.transposed:
+        parts.append("transformers Conv1D")
+    if site.tied:
+        parts.append("weight tied to the input embedding")
+    return ", ".join(parts)
+
+
+def _as_linear(site: FrozenLinear) -> Any:
+    """What Fp8BaseLinear reads (in/out features, [out, in] weight, bias) from any linear; a
+    Conv1D's [in, out] weight is handed over transposed (Fp8BaseLinear copies it anyway)."""
+    module = site.module
+    if not site.transposed:
+        return module
+    out_f, in_f = site.shape
+    return SimpleNamespace(
+        in_features=in_f, out_features=out_f, weight=module.weight.t(), bias=module.bias
+    )
 
 
 def _convert_lora(
@@ -291,13 +318,21 @@ def _convert_lora(
         plan.append(_row(name, "lora", "gemm", "unchanged", f"unsupported {type(linear).__name__}"))
         return linear
     if policy.lora_gemm == "fp8":
-        # With FP8 storage the forward weight cast is exact; its rounding is logged in after_step.
-        record_weight = policy.lora_storage != "fp8_e4m3"
-        plan.append(_row(name, "lora", "activation", "e4m3/none", "fwd GEMM input"))
-        plan.append(_row(name, "lora", "weight", "e4m3/none", "fwd/dgrad GEMM operand"))
-        plan.append(_row(name, "lora", "dgrad", "e5m2/none", "grad_output in dgrad+wgrad GEMMs"))
+        scaling = policy.lora_gemm_scaling
+        # A plain cast of FP8-stored weights is exact; their rounding is logged in after_step.
+        record_weight = policy.lora_storage != "fp8_e4m3" or scaling != "none"
+        plan.append(_row(name, "lora", "activation", f"e4m3/{scaling}", "fwd GEMM input"))
+        plan.append(_row(name, "lora", "weight", f"e4m3/{scaling}", "fwd/dgrad GEMM operand"))
+        plan.append(
+            _row(name, "lora", "dgrad", f"e5m2/{scaling}", "grad_output in dgrad+wgrad GEMMs")
+        )
         return Fp8LoraLinear.from_linear(
-            linear, name=name, telemetry=telemetry, record_weight=record_weight, compute_dtype=cd
+            linear,
+            name=name,
+            telemetry=telemetry,
+            record_weight=record_weight,
+            scaling=scaling,
+            compute_dtype=cd,
         )
     plan.append(_row(name, "lora", "gemm", _dtype_name(cd), "fwd/dgrad/wgrad GEMMs"))
     return LoraComputeLinear.from_linear(linear, compute_dtype=cd)
@@ -334,16 +369,3 @@ def _set_dtypes(
         target = torch.float32 if id(p) in lora_ids else compute_dtype
         if p.dtype != target and p.is_floating_point():
             p.data = p.data.to(target)
-
-
-def _qualified_name(model: nn.Module, target: nn.Module) -> str:
-    for name, module in model.named_modules():
-        if module is target:
-            return name
-    raise ValueError("output embedding is not a submodule of the model")
-
-
-def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)

@@ -5,9 +5,11 @@
   dequantizes it (O(out*in), cheap next to the O(tokens*out*in) GEMM) instead of caching a BF16
   copy, which would undo the saving. The base is frozen, so backward computes only dgrad and
   saves no activations at all.
-- ``Fp8LoraLinear`` is fp8_naive's LoRA A/B GEMM: a trainable ``.weight`` Parameter (PEFT and
-  the optimizer see an ordinary nn.Linear), plain E4M3 casts of input and weight forward, plain
-  E5M2 cast of the incoming gradient backward, dgrad and wgrad both from the FP8 operands.
+- ``Fp8LoraLinear`` is an FP8 LoRA A/B GEMM (``lora_gemm='fp8'``, as a stock FP8 conversion
+  does to every linear): a trainable ``.weight`` Parameter (PEFT and the optimizer see an
+  ordinary nn.Linear), E4M3 casts of input and weight forward, an E5M2 cast of the incoming
+  gradient backward (plain or per-tensor current scaling), dgrad and wgrad both from the FP8
+  operands.
 - ``LoraComputeLinear`` is the protected/bf16 LoRA GEMM: FP32 master weight, BF16 compute.
 
 Speed (the emulation is benchmarked against BF16): tiles are reshapes/views, never Python
@@ -36,14 +38,10 @@ from workloads.precision.telemetry import Fp8Telemetry, cast_stats
 __all__ = [
     "CastSite",
     "Fp8BaseLinear",
+    "Fp8TiedLinear",
     "Fp8LoraLinear",
     "LoraComputeLinear",
-    "PLAIN_E4M3",
-    "PLAIN_E5M2",
 ]
-
-PLAIN_E4M3 = CastSpec("e4m3", ScalingRecipe("none"))
-PLAIN_E5M2 = CastSpec("e5m2", ScalingRecipe("none"))
 
 
 class CastSite:
@@ -185,9 +183,7 @@ class Fp8BaseLinear(nn.Module):
         # on the codes: no decoded copy of the weight, whose size would set the peak memory.
         self._weight_has_nan = has_nan_code(q.data)
         if telemetry is not None:  # frozen: stats once, emitted on every recorded step
-            x_dq = q.dequantize(w.dtype if w.dtype in (torch.bfloat16, torch.float32) else torch.float32)
-            stats = cast_stats(w, x_dq, q.scale_inv, saturated, q.data, not self._weight_has_nan)
-            telemetry.register_static(self.name, "weight", stats, w.numel())
+            _register_weight_stats(self.name, w, q, saturated, not self._weight_has_nan, telemetry)
 
     @property
     def weight_is_fp8(self) -> bool:
@@ -245,6 +241,67 @@ class Fp8BaseLinear(nn.Module):
         )
 
 
+def _register_weight_stats(
+    name: str, w: torch.Tensor, q: Fp8Tensor, saturated: Any, nan_free: bool, tel: Fp8Telemetry
+) -> None:
+    """A frozen weight's cast never changes: its stats are computed once, reported every step."""
+    x_dq = q.dequantize(w.dtype if w.dtype in (torch.bfloat16, torch.float32) else torch.float32)
+    stats = cast_stats(w, x_dq, q.scale_inv, saturated, q.data, nan_free)
+    tel.register_static(name, "weight", stats, w.numel())
+
+
+class Fp8TiedLinear(nn.Linear):
+    """An FP8 lm_head whose weight *is* the input embedding (GPT-2, Gemma, Llama-3.2-1B ...).
+
+    The stock-recipe way: the high-precision weight Parameter stays shared and is cast per GEMM
+    (torchao's Float8Linear does the same), so the tie survives -- ``tie_weights()`` (lm-eval's
+    HFLM calls it) re-assigns ``.weight`` and finds an ordinary Parameter. Same autograd
+    function, casts and telemetry as ``Fp8BaseLinear``; only the weight storage differs.
+    """
+
+    def __init__(
+        self,
+        linear: nn.Linear,
+        *,
+        weight: CastSpec,
+        activation: CastSpec,
+        dgrad: CastSpec,
+        name: str = "",
+        telemetry: Fp8Telemetry | None = None,
+        compute_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the shared Parameter itself
+        self.bias = linear.bias
+        self.name = name
+        self.compute_dtype = compute_dtype
+        self.weight_spec = weight
+        self._weight_scaler = (
+            TensorScaler(weight.recipe, weight.format, "weight") if weight.enabled else None
+        )
+        self.act_cast = CastSite(activation, "activation", name, "activation", telemetry)
+        self.dgrad_cast = CastSite(dgrad, "grad", name, "dgrad", telemetry)
+        if telemetry is not None and self._weight_scaler is not None:
+            w = self.weight.detach()
+            q, saturated = self._weight_scaler.quantize(w, count_saturated=True)
+            _register_weight_stats(name, w, q, saturated, False, telemetry)
+
+    def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        w, dtype = self.weight.detach(), dtype or self.compute_dtype
+        scaler = self._weight_scaler
+        return w.to(dtype) if scaler is None else scaler.quantize_dequantize(w, dtype)
+
+    def cast_sites(self) -> list[CastSite]:
+        return [self.act_cast, self.dgrad_cast]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _BaseLinearFn.apply(x, self)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, weight={self.weight_spec.tag} cast per GEMM (tied)"
+
+
 class _LoraFp8Fn(torch.autograd.Function):
     """y = q(x) @ q(W)^T; backward: dx = q(dy) @ q(W), dW = q(dy)^T @ q(x) (all plain casts)."""
 
@@ -275,7 +332,10 @@ class _LoraFp8Fn(torch.autograd.Function):
 
 
 class Fp8LoraLinear(nn.Linear):
-    """fp8_naive's LoRA GEMM (see module docstring). Bias-free, like PEFT's lora_A/lora_B."""
+    """An FP8 LoRA GEMM (see module docstring). Bias-free, like PEFT's lora_A/lora_B.
+
+    ``scaling`` is the recipe kind of all three casts: ``none`` (plain) or ``current``.
+    """
 
     def __init__(
         self,
@@ -285,6 +345,7 @@ class Fp8LoraLinear(nn.Linear):
         name: str = "",
         telemetry: Fp8Telemetry | None = None,
         record_weight: bool = True,
+        scaling: str = "none",
         compute_dtype: torch.dtype = torch.bfloat16,
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
@@ -292,13 +353,15 @@ class Fp8LoraLinear(nn.Linear):
         super().__init__(in_features, out_features, bias=False, device=device, dtype=dtype)
         self.name = name
         self.compute_dtype = compute_dtype
-        self.act_cast = CastSite(PLAIN_E4M3, "activation", name, "activation", telemetry)
-        # With FP8 storage the weight is already E4M3-exact and its cast is the identity; its
-        # rounding is reported once per step as kind 'lora_weight' instead (apply.after_step).
+        recipe = ScalingRecipe(scaling)
+        e4m3, e5m2 = CastSpec("e4m3", recipe), CastSpec("e5m2", recipe)
+        self.act_cast = CastSite(e4m3, "activation", name, "activation", telemetry)
+        # With plain FP8 storage the weight is already E4M3-exact and its cast is the identity;
+        # its rounding is reported once per step as kind 'lora_weight' instead (apply.after_step).
         self.weight_cast = CastSite(
-            PLAIN_E4M3, "weight", name, "weight", telemetry if record_weight else None
+            e4m3, "weight", name, "weight", telemetry if record_weight else None
         )
-        self.grad_cast = CastSite(PLAIN_E5M2, "grad", name, "dgrad", telemetry)
+        self.grad_cast = CastSite(e5m2, "grad", name, "dgrad", telemetry)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs: Any) -> Fp8LoraLinear:

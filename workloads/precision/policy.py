@@ -1,25 +1,31 @@
-"""Precision policies: named, versioned recipes of independent switches (DESIGN.md section 2).
+"""Precision policies: named, versioned recipes of independent switches (docs/mechanisms.md).
 
-Each protection is its own switch, so an ablation is a registered copy of ``fp8_protected``
-with exactly one switch flipped -- no new code. A policy only decides formats and scaling; it
-never touches lr, rank, steps or any other hyperparameter (there is no field for them).
+Each protection is its own switch, so a rung of the mechanism ladder is a registered copy of a
+base policy with exactly one mechanism moved (``ladder.py``) -- no new code. A policy only
+decides formats and scaling; it never touches lr, rank, steps or any other hyperparameter
+(there is no field for them).
 
 Registered policies:
 
 - ``bf16``: everything in BF16, LoRA FP32 master weights with BF16 compute.
-- ``fp8_naive``: what a plain FP8 conversion gives -- every FP8 cast is a plain cast with no
-  scale (base weights and activations E4M3, dgrad E5M2, LoRA weights stored in E4M3 and rounded
-  back after every update, LoRA GEMMs in FP8, LoRA weight grads cast to E5M2, lm_head in FP8).
+- ``fp8_naive`` (v2): what a stock FP8 conversion (Transformer Engine, torchao
+  ``convert_to_float8_training``, accelerate) gives a user who knows nothing about LoRA: every
+  linear -- LoRA adapters and lm_head included -- runs FP8 GEMMs with per-tensor *current*
+  scaling (E4M3 weights and activations, E5M2 gradients); master weights (adapters too) stay
+  FP32; no LoRA gradient scaler, no calibration.
+- ``fp8_unscaled_fp8_adapters``: ``fp8_naive`` version 1, kept under a name that says what it
+  is: every cast plain (scale 1), trainable LoRA weights *stored* in E4M3 with no master copy
+  (rounded back after every update), LoRA weight gradients cast to E5M2.
 - ``fp8_protected``: base weights E4M3 with 128x128 block scales; base activations E4M3 with
   *delayed* scaling (amax history of 16, max) filled by ``calibration_steps`` calibration
   forwards -- delayed because that is the recipe for which calibration exists, and the
-  ``-no_calibration`` ablation then measures what calibration buys; dgrad E5M2 with *current*
-  per-tensor scaling -- gradient magnitudes drift over training (LoRA grads shrink late) and
-  no-grad calibration forwards cannot fill a gradient history, so a history would start from
-  scale 1 exactly when gradients are at risk; LoRA FP32 master + BF16 GEMMs; LoRA grads FP32
-  with the selective LoRA gradient scaler; lm_head excluded (BF16).
-- ``fp8_protected-<ablation>``: one protection of ``fp8_protected`` switched off; the
-  ``ablation`` field names it (empty for the base policies).
+  ``-calibration`` rung then measures what it buys over current scaling; dgrad E5M2 with
+  *current* per-tensor scaling -- gradient magnitudes drift over training (LoRA grads shrink
+  late) and no-grad calibration forwards cannot fill a gradient history, so a history would
+  start from scale 1 exactly when gradients are at risk; LoRA FP32 master + BF16 GEMMs; LoRA
+  grads FP32 with the selective LoRA gradient scaler; lm_head excluded (BF16).
+- ``fp8_naive+<id>`` / ``fp8_naive-<id>`` / ``fp8_protected-<id>``: the mechanism ladder
+  (``ladder.RUNGS``); ``ladder``, ``ladder_base`` and ``mechanism`` say which rung.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 import torch
 
 from workloads.precision.grad_scaler import GradScalerConfig
+from workloads.precision.ladder import MECHANISMS, RUNGS
 from workloads.precision.scaling import CastSpec, ScalingRecipe
 
 __all__ = [
@@ -47,6 +54,7 @@ __all__ = [
 LORA_STORAGE = ("fp32_master", "fp8_e4m3")
 LORA_GEMM = ("bf16", "fp8")
 LORA_GRAD = ("fp32", "fp8_e5m2")
+LORA_GEMM_SCALING = ("none", "current")  # recipe of the casts of an FP8 LoRA GEMM
 COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _CAST_FIELDS = ("base_weight", "base_activation", "base_dgrad")
 
@@ -62,12 +70,15 @@ class PrecisionPolicy:
     name: str
     version: int = 1
     description: str = ""
-    ablation: str = ""
+    ladder: str = ""
+    ladder_base: str = ""
+    mechanism: str = ""
     base_weight: CastSpec = CastSpec()
     base_activation: CastSpec = CastSpec()
     base_dgrad: CastSpec = CastSpec()
     lora_storage: str = "fp32_master"
     lora_gemm: str = "bf16"
+    lora_gemm_scaling: str = "current"
     lora_grad: str = "fp32"
     lora_grad_scaler: bool = False
     grad_scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
@@ -100,6 +111,15 @@ class PrecisionPolicy:
         )
 
     @property
+    def ablation(self) -> str:
+        """The protection this policy removes from ``fp8_protected`` ('' if it is no such rung)."""
+        return self.mechanism if (self.ladder, self.ladder_base) == ("down", "fp8_protected") else ""
+
+    @property
+    def mechanism_desc(self) -> str:
+        return MECHANISMS[self.mechanism].description if self.mechanism in MECHANISMS else ""
+
+    @property
     def tag(self) -> str:
         """Short switch signature for run names, e.g. ``W8blk.A8dly.G8cur.Lbf16s.Hbf16.C8``.
 
@@ -109,7 +129,7 @@ class PrecisionPolicy:
             if self.lora_grad == "fp32" and not self.lm_head_fp8 and not self.lora_grad_scaler:
                 return "bf16"
         lora = (
-            ("L8" if self.lora_gemm == "fp8" else "Lbf16")
+            (("L8pl" if self.lora_gemm_scaling == "none" else "L8cur") if self.lora_gemm == "fp8" else "Lbf16")
             + ("w8" if self.lora_storage == "fp8_e4m3" else "")
             + ("g8" if self.lora_grad == "fp8_e5m2" else "")
             + ("s" if self.lora_grad_scaler else "")
@@ -141,7 +161,8 @@ class PrecisionPolicy:
         """A validated copy with some switches changed (names in ``SWITCHES``).
 
         Cast switches accept a CastSpec, 'e4m3:block'-style strings, None/'bf16', or a mapping;
-        ``grad_scaler`` accepts a GradScalerConfig or a mapping of its fields.
+        ``grad_scaler`` accepts a GradScalerConfig or a mapping of its fields. A ladder rung
+        whose switches change is no longer that rung, so its ladder identity is cleared.
         """
         unknown = sorted(set(switches) - set(SWITCHES))
         if unknown:
@@ -151,14 +172,17 @@ class PrecisionPolicy:
                 + "".join(h for h in hints if h)
                 + f"; valid switches: {', '.join(SWITCHES)}"
             )
-        return dataclasses.replace(self, **{k: _coerce(k, v) for k, v in switches.items()})
+        new = dataclasses.replace(self, **{k: _coerce(k, v) for k, v in switches.items()})
+        if new != self and self.ladder:  # two switches away from its base: no longer that rung
+            new = dataclasses.replace(new, ladder="", ladder_base="", mechanism="")
+        return new
 
 
-# Fields a user may flip; identity fields (name, version, description, ablation) are not switches.
+# Fields a user may flip; identity fields (name, version, description, rung) are not switches.
+IDENTITY_FIELDS = ("name", "version", "description", "ladder", "ladder_base", "mechanism")
 SWITCHES: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(PrecisionPolicy)
-    if f.name not in ("name", "version", "description", "ablation")
-)  # fmt: skip
+    f.name for f in dataclasses.fields(PrecisionPolicy) if f.name not in IDENTITY_FIELDS
+)
 
 
 def _spec_tag(spec: CastSpec) -> str:
@@ -192,6 +216,7 @@ def _validate(p: PrecisionPolicy) -> list[str]:
         ("lora_storage", p.lora_storage, LORA_STORAGE),
         ("lora_gemm", p.lora_gemm, LORA_GEMM),
         ("lora_grad", p.lora_grad, LORA_GRAD),
+        ("lora_gemm_scaling", p.lora_gemm_scaling, LORA_GEMM_SCALING),
         ("compute_dtype", p.compute_dtype, tuple(COMPUTE_DTYPES)),
     ):
         if value not in allowed:
@@ -232,11 +257,11 @@ def get_policy(name: str) -> PrecisionPolicy:
 
 
 def available_policies() -> list[str]:
-    """Registered names in registration order (base policies first, then ablations)."""
+    """Registered names in registration order (base policies first, then the ladder rungs)."""
     return list(_REGISTRY)
 
 
-# -- the DESIGN.md table ---------------------------------------------------------------------
+# -- the policy table (docs/mechanisms.md) ---------------------------------------------------
 _PLAIN_E4M3 = CastSpec("e4m3", ScalingRecipe("none"))
 _PLAIN_E5M2 = CastSpec("e5m2", ScalingRecipe("none"))
 
@@ -250,13 +275,19 @@ BF16 = register_policy(
 FP8_NAIVE = register_policy(
     PrecisionPolicy(
         name="fp8_naive",
-        description="Plain FP8 casts, no scales, no LoRA-aware protection.",
-        base_weight=_PLAIN_E4M3,
-        base_activation=_PLAIN_E4M3,
-        base_dgrad=_PLAIN_E5M2,
-        lora_storage="fp8_e4m3",
+        version=2,
+        description=(
+            "A stock FP8 conversion of every linear (LoRA adapters and lm_head included): "
+            "per-tensor current scaling, E4M3 weights/activations, E5M2 gradients, FP32 "
+            "master weights; no LoRA grad scaler, no calibration."
+        ),
+        base_weight=CastSpec("e4m3", ScalingRecipe("current")),
+        base_activation=CastSpec("e4m3", ScalingRecipe("current")),
+        base_dgrad=CastSpec("e5m2", ScalingRecipe("current")),
+        lora_storage="fp32_master",
         lora_gemm="fp8",
-        lora_grad="fp8_e5m2",
+        lora_gemm_scaling="current",
+        lora_grad="fp32",
         lora_grad_scaler=False,
         lm_head_fp8=True,
     )
@@ -282,34 +313,42 @@ FP8_PROTECTED = register_policy(
     )
 )
 
-
-def _describe(switches: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v.tag if isinstance(v, CastSpec) else v}" for k, v in switches.items())
-
-
-# (suffix, protection switched off, the one switch that does it)
-_ABLATIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    (
-        "no_block_scales",
-        "block_scales",
-        {"base_weight": CastSpec("e4m3", ScalingRecipe("current"))},
-    ),
-    ("plain_activation", "activation_scaling", {"base_activation": _PLAIN_E4M3}),
-    ("no_calibration", "calibration", {"calibration_steps": 0}),
-    ("plain_dgrad", "dgrad_scaling", {"base_dgrad": _PLAIN_E5M2}),
-    ("no_scaler", "grad_scaler", {"lora_grad_scaler": False}),
-    ("fp8_lora", "bf16_lora_gemm", {"lora_gemm": "fp8"}),
-    ("fp8_lora_grad", "fp32_lora_grad", {"lora_grad": "fp8_e5m2"}),
-    ("fp8_lm_head", "lm_head_exclusion", {"lm_head_fp8": True}),
-)
-for _suffix, _protection, _switch in _ABLATIONS:
-    register_policy(
-        dataclasses.replace(
-            FP8_PROTECTED.with_switches(**_switch),
-            name=f"fp8_protected-{_suffix}",
-            ablation=_protection,
-            description=(
-                f"fp8_protected with one protection off: {_protection} ({_describe(_switch)})."
-            ),
-        )
+FP8_UNSCALED_FP8_ADAPTERS = register_policy(
+    PrecisionPolicy(
+        name="fp8_unscaled_fp8_adapters",
+        description=(
+            "fp8_naive version 1: plain FP8 casts (scale 1) everywhere, trainable LoRA weights "
+            "stored in E4M3 with no master copy, LoRA GEMMs in FP8, LoRA weight grads cast to "
+            "E5M2, lm_head in FP8."
+        ),
+        base_weight=_PLAIN_E4M3,
+        base_activation=_PLAIN_E4M3,
+        base_dgrad=_PLAIN_E5M2,
+        lora_storage="fp8_e4m3",
+        lora_gemm="fp8",
+        lora_gemm_scaling="none",
+        lora_grad="fp8_e5m2",
+        lora_grad_scaler=False,
+        lm_head_fp8=True,
     )
+)
+
+
+def _register_rungs() -> None:
+    """One policy per rung of ``ladder.RUNGS``: its base with one mechanism moved."""
+    for rung in RUNGS:
+        mechanism = MECHANISMS[rung.mechanism]
+        verb = "plus" if rung.direction == "up" else "without"
+        register_policy(
+            dataclasses.replace(
+                get_policy(rung.base).with_switches(**rung.switches),
+                name=rung.name,
+                ladder=rung.direction,
+                ladder_base=rung.base,
+                mechanism=rung.mechanism,
+                description=f"{rung.base} {verb} {rung.mechanism}: {mechanism.description}",
+            )
+        )
+
+
+_register_rungs()

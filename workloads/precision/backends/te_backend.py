@@ -5,18 +5,18 @@
 1. the emulated backend's ``apply_policy`` with the base casts switched off (dtypes, LoRA
    adapters, LoRA grad scaler, plan) -- LoRA adapters stay PEFT modules with FP32 masters and
    BF16 GEMMs (or the emulated FP8 LoRA GEMM when ``lora_gemm='fp8'``);
-2. each PEFT ``LoraLayer``'s frozen ``base_layer`` (and the output embedding when
-   ``lm_head_fp8``) with dims that are multiples of 16 becomes a ``te.Linear`` holding the same
-   BF16 weight, frozen (TE then runs no wgrad GEMM);
+2. each frozen ``nn.Linear`` ``walker.backend_sites`` lists (LoRA-targeted or not, and the
+   output embedding when ``lm_head_fp8`` unless it is tied) with dims that are multiples of 16
+   becomes a ``te.Linear`` holding the same BF16 weight, frozen (TE then runs no wgrad GEMM);
 3. the model's ``forward`` is wrapped in ``te.autocast(recipe=...)`` (``te.fp8_autocast`` on TE
    releases before ``autocast`` existed), so the trainer and lm-eval need no change.
 
 Policy -> TE recipe (``map_policy_te``): any ``block`` cast -> ``Float8BlockScaling`` (E4M3,
-1x128 activation/grad tiles, 128x128 weight blocks: what DESIGN.md's ``block`` means); else any
+1x128 activation/grad tiles, 128x128 weight blocks: fp8lab's ``block`` recipe); else any
 ``delayed`` cast -> ``DelayedScaling`` (HYBRID when dgrad is E5M2, the policy's amax history
 length / algo / margin; calibration forwards run under ``autocast(calibrating=True)``); else
 ``Float8CurrentScaling``. Differences (a TE recipe applies one scaling kind to every tensor) are
-listed in ``handle.deviations`` and the plan. Plain (unscaled) casts -- ``fp8_naive`` -- have no
+listed in ``handle.deviations`` and the plan. Plain (unscaled) casts (``fp8_naive-scaling``) have no
 TE recipe and raise; so do partial base FP8 and non-E4M3 weights/activations.
 
 Telemetry: TE does its casts in fused kernels, so only the LoRA-side rows (LoRA grad norms,
@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from peft.tuners.lora import LoraLayer
 from torch import nn
 
 from workloads.precision.apply import PrecisionHandle, apply_policy
 from workloads.precision.policy import PrecisionPolicy, get_policy
 from workloads.precision.telemetry import Fp8Telemetry
+from workloads.precision.walker import backend_sites
 
 __all__ = ["TeHandle", "TeMapping", "TePolicyError", "apply_te", "import_te", "map_policy_te"]
 
@@ -140,7 +140,6 @@ class TeHandle(PrecisionHandle):
     """A PrecisionHandle whose calibration runs under ``te.autocast(calibrating=True)``."""
 
     recipe: str | None = None
-    deviations: tuple[str, ...] = ()
     converted: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     te_recipe: Any = None
@@ -204,21 +203,26 @@ def apply_te(
     converted: list[str] = []
     skipped: list[str] = []
     plan = list(base.plan)
+    kept: list[str] = []
     if mapping.recipe is not None:
-        for name, parent, attr, linear in _targets(model, policy):
+        sites, kept = backend_sites(model, policy.lm_head_fp8, "transformer_engine")
+        for site in sites:
+            linear = site.module
             if linear.in_features % 16 or linear.out_features % 16:
-                skipped.append(name)
-                plan.append(_row(name, "base", "all", "bf16", "TE: dims not multiples of 16"))
+                skipped.append(site.layer_name)
+                plan.append(_row(site.layer_name, site.role, "all", "bf16", "TE: dims not multiples of 16"))
                 continue
-            setattr(parent, attr, _to_te_linear(te, linear))
-            converted.append(name)
+            site.replace(model, _to_te_linear(te, linear))
+            converted.append(site.layer_name)
         plan = _te_plan(plan, mapping, converted)
+    kept += [f"{len(skipped)} linears kept BF16 (dims not multiples of 16)"] if skipped else []
+    plan.extend(_row("*", "backend", "deviation", "", d) for d in kept)
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(PrecisionHandle)}
-    fields.update(policy=policy, plan=plan, backend="transformer_engine", emulated=False)
+    fields.update(policy=policy, plan=plan, backend="transformer_engine", emulated=False,
+                  deviations=(*(mapping.deviations if converted else ()), *kept))  # fmt: skip
     handle = TeHandle(
         **fields,
         recipe=mapping.recipe,
-        deviations=mapping.deviations if converted else (),
         converted=converted,
         skipped=skipped,
         te_recipe=mapping.build() if converted else None,
@@ -226,28 +230,6 @@ def apply_te(
     if converted:
         _wrap_forward(model, handle)
     return handle
-
-
-def _targets(
-    model: nn.Module, policy: PrecisionPolicy
-) -> list[tuple[str, nn.Module, str, nn.Linear]]:
-    """(name, parent, attribute, linear) of each frozen base linear the policy puts in FP8."""
-    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    out = []
-    seen = set()
-    for name, module in model.named_modules():
-        if isinstance(module, LoraLayer) and type(module.base_layer) is nn.Linear:
-            is_head = module is lm_head or module.base_layer is lm_head
-            if policy.lm_head_fp8 or not is_head:
-                out.append((name, module, "base_layer", module.base_layer))
-                seen.add(id(module.base_layer))
-    if policy.lm_head_fp8 and type(lm_head) is nn.Linear and id(lm_head) not in seen:
-        for name, module in model.named_modules():
-            if module is lm_head:
-                parent_name, _, attr = name.rpartition(".")
-                parent = model.get_submodule(parent_name) if parent_name else model
-                out.append((name, parent, attr, lm_head))
-    return out
 
 
 @torch.no_grad()

@@ -8,7 +8,8 @@
    LoRA-side switches therefore behave exactly as on the emulated backend (their FP8 casts stay
    emulated: rank-r adapter GEMMs gain nothing from FP8 tensor cores);
 2. ``torchao.float8.convert_to_float8_training`` with a ``module_filter_fn`` that admits only the
-   frozen ``base_layer`` of each PEFT ``LoraLayer`` (plus the output embedding when
+   frozen linears ``walker.backend_sites`` lists (every ``nn.Linear`` base linear, LoRA-targeted or
+   not, plus the output embedding when
    ``lm_head_fp8``) whose dims are multiples of 16 (``torch._scaled_mm``'s requirement). PEFT's
    ``lora_A``/``lora_B`` are ``nn.Linear`` too and are rejected by identity, not by name;
 3. each converted ``Float8Linear`` becomes a ``FrozenBaseFloat8Linear``: the same casts
@@ -63,7 +64,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from peft.tuners.lora import LoraLayer
 from torch import nn
 
 from workloads.precision.apply import PrecisionHandle, apply_policy
@@ -71,6 +71,7 @@ from workloads.precision.formats import E4M3, E5M2
 from workloads.precision.policy import PrecisionPolicy, get_policy
 from workloads.precision.scaling import CastSpec
 from workloads.precision.telemetry import Fp8Telemetry, cast_stats, count_saturated
+from workloads.precision.walker import backend_sites
 
 __all__ = [
     "RECIPES",
@@ -197,7 +198,7 @@ def map_policy(policy: PrecisionPolicy | str, recipe: str | None = None) -> Torc
         plain=plain,
         grad_fmt=grad_fmt,
         round_scales_to_power_of_2=power_2,
-        deviations=tuple(deviations),
+        deviations=deviations,
         formats=formats,
     )
 
@@ -391,7 +392,6 @@ class TorchaoHandle(PrecisionHandle):
     """A PrecisionHandle plus what the torchao backend decided."""
 
     recipe: str | None = None
-    deviations: tuple[str, ...] = ()
     converted: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
@@ -447,7 +447,8 @@ def apply_torchao(
         base_weight=None, base_activation=None, base_dgrad=None, lm_head_fp8=False
     )
     base = apply_policy(model, hp_policy, telemetry)
-    targets = _base_targets(model, policy) if mapping.recipe else {}
+    sites, kept = backend_sites(model, policy.lm_head_fp8, "torchao") if mapping.recipe else ([], [])
+    targets = {id(site.module): site.layer_name for site in sites}
     skipped: list[str] = []
     converted: dict[str, nn.Module] = {}
     if targets:
@@ -471,32 +472,17 @@ def apply_torchao(
         base.plan, policy, mapping, converted, skipped, emulate, skip_frozen_wgrad, model
     )
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(PrecisionHandle)}
-    fields.update(policy=policy, plan=plan, backend="torchao", emulated=bool(emulate))
+    kept += [f"{len(set(skipped))} linears kept BF16 (dims not multiples of 16)"] if skipped else []
+    plan.extend(_row("*", "backend", "deviation", "", d) for d in kept)  # recipe ones: in plan
+    deviations = (*(mapping.deviations if converted else ()), *kept)
+    fields.update(policy=policy, plan=plan, backend="torchao", emulated=bool(emulate),
+                  deviations=deviations)  # fmt: skip
     return TorchaoHandle(
         **fields,
         recipe=mapping.recipe,
-        deviations=mapping.deviations if converted else (),
         converted=sorted(converted),
         skipped=sorted(set(skipped)),
     )
-
-
-def _base_targets(model: nn.Module, policy: PrecisionPolicy) -> dict[int, str]:
-    """id -> layer name of the frozen base linears the policy puts in FP8 (emulated backend's
-    choice: each LoraLayer's base_layer, and the output embedding only when lm_head_fp8)."""
-    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    targets: dict[int, str] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, LoraLayer):
-            base = module.base_layer
-            is_head = module is lm_head or base is lm_head
-            if type(base) is nn.Linear and (policy.lm_head_fp8 or not is_head):
-                targets[id(base)] = name
-    if policy.lm_head_fp8 and type(lm_head) is nn.Linear and id(lm_head) not in targets:
-        for name, module in model.named_modules():
-            if module is lm_head:
-                targets[id(lm_head)] = name
-    return targets
 
 
 def _torchao_plan(

@@ -106,10 +106,10 @@ def test_policy_trains_only_lora_and_stores_what_it_says(name, bf16_base_bytes):
     assert outs[-1].metrics["train/grad_norm"] > 0
 
 
-def test_naive_lora_weights_live_on_the_e4m3_grid():
+def test_fp8_adapter_storage_keeps_lora_weights_on_the_e4m3_grid():
     model = tiny_lora_model()
     tel = Fp8Telemetry()
-    handle = apply_policy(model, "fp8_naive", tel)
+    handle = apply_policy(model, "fp8_unscaled_fp8_adapters", tel)
     outs = train(model, handle, tel)
     for p in handle.lora_params.values():
         assert torch.equal(saturating_cast(p, E4M3).float(), p)
@@ -121,6 +121,26 @@ def test_naive_lora_weights_live_on_the_e4m3_grid():
     assert handle.prepare_step(torch.optim.SGD(list(handle.lora_params.values()), lr=0.0))
     for p in handle.lora_params.values():
         assert torch.equal(saturating_cast(p.grad, E5M2).float(), p.grad)
+
+
+def test_naive_v2_runs_scaled_fp8_lora_gemms_on_fp32_masters():
+    """The stock conversion: LoRA GEMMs in FP8 with per-tensor current scaling, adapters kept as
+    FP32 masters -- so an AdamW step of lr 2e-4 moves lora_B off zero, which E4M3 adapter
+    storage (fp8_naive v1) rounds straight back to zero."""
+    lora_b = {}
+    for name in ("fp8_naive", "fp8_unscaled_fp8_adapters"):
+        model = tiny_lora_model()
+        tel = Fp8Telemetry()
+        handle = apply_policy(model, name, tel)
+        train(model, handle, tel, lr=2e-4)
+        lora_b[name] = max(p.abs().max().item() for n, p in handle.lora_params.items() if "lora_B" in n)
+        recipes = {
+            m.act_cast.scaler.recipe.kind for m in model.modules() if isinstance(m, Fp8LoraLinear)
+        }
+        lora_rows = {r["format"] for r in handle.plan if r["role"] == "lora" and r["tensor"] == "dgrad"}
+        if name == "fp8_naive":
+            assert recipes == {"current"} and lora_rows == {"e5m2/current"}
+    assert lora_b["fp8_naive"] > 0 and lora_b["fp8_unscaled_fp8_adapters"] == 0
 
 
 def test_protected_calibration_fills_activation_histories():

@@ -27,6 +27,7 @@ torchao_float8 = pytest.importorskip("torchao.float8")
 from workloads.precision.backends import torchao_backend as tb  # noqa: E402
 
 TORCHAO_CPU = BackendChoice("torchao", emulated=True, reason="test", requested="torchao")
+UNSCALED = "fp8_unscaled_fp8_adapters"  # fp8_naive v1: plain casts everywhere
 
 
 # -- select_backend (probes monkeypatched) ---------------------------------------------------
@@ -94,18 +95,20 @@ def test_real_probes_on_this_machine():
 # -- policy -> torchao mapping ---------------------------------------------------------------
 def test_mapping_of_the_named_policies():
     assert tb.map_policy("bf16").recipe is None
-    naive = tb.map_policy("fp8_naive")
-    assert naive.recipe == "tensorwise"
-    assert naive.plain == {"input", "weight", "grad_output"} and naive.grad_fmt == "e5m2"
+    unscaled = tb.map_policy(UNSCALED)
+    assert unscaled.recipe == "tensorwise"
+    assert unscaled.plain == {"input", "weight", "grad_output"} and unscaled.grad_fmt == "e5m2"
+    naive = tb.map_policy("fp8_naive")  # v2 is torchao's own default recipe
+    assert (naive.recipe, naive.plain, naive.grad_fmt) == ("tensorwise", set(), "e5m2")
     prot = tb.map_policy("fp8_protected")
     assert prot.recipe == "rowwise" and not prot.plain
     text = " | ".join(prot.deviations)
     for expected in ("delayed16", "block128", "e5m2 -> e4m3", "calibration", "BF16 in memory"):
         assert expected in text
-    assert tb.map_policy("fp8_protected-no_block_scales").recipe == "tensorwise"
-    plain_dgrad = tb.map_policy("fp8_protected-plain_dgrad")  # plain E5M2 grads need tensorwise
+    assert tb.map_policy("fp8_protected-block_scales").recipe == "tensorwise"
+    plain_dgrad = tb.map_policy("fp8_protected-dgrad_scaling")  # plain E5M2 grads need tensorwise
     assert plain_dgrad.recipe == "tensorwise" and plain_dgrad.plain == {"grad_output"}
-    assert tb.map_policy("fp8_protected-plain_activation").plain == {"input"}
+    assert tb.map_policy("fp8_protected-activation_scaling").plain == {"input"}
     assert tb.map_policy("fp8_protected", recipe="rowwise_with_gw_hp").recipe == (
         "rowwise_with_gw_hp"
     )
@@ -130,7 +133,7 @@ def test_policies_torchao_cannot_run_raise_with_the_fix():
         tb.map_policy(e5m2_act)
     assert backend_policy_errors("torchao", partial)[0].startswith("precision.backend=torchao:")
     # TE has no plain casts; the check imports no TE.
-    assert "plain" in backend_policy_errors("transformer_engine", "fp8_naive")[0]
+    assert "plain" in backend_policy_errors("transformer_engine", UNSCALED)[0]
     assert backend_policy_errors("transformer_engine", "fp8_protected") == []
 
 
@@ -164,7 +167,7 @@ def one_step(model, handle, tel, step: int = 0):
     return stepped, tel.end_step({"train/loss": loss.detach()})
 
 
-@pytest.mark.parametrize("name", ["fp8_protected", "fp8_naive"])
+@pytest.mark.parametrize("name", ["fp8_protected", "fp8_naive", UNSCALED])
 def test_torchao_converts_base_linears_only_and_trains_only_lora(name):
     policy = get_policy(name)
     model = tiny_lora_model()
@@ -191,7 +194,7 @@ def test_torchao_converts_base_linears_only_and_trains_only_lora(name):
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in frozen_before.items())
     changed = [not torch.equal(handle.lora_params[k], v) for k, v in lora_before.items()]
-    # fp8_naive rounds every update back into E4M3, so small updates can vanish (its point).
+    # FP8 adapter storage rounds every update back into E4M3: small updates can vanish.
     assert all(changed) if policy.lora_storage == "fp32_master" else any(changed)
     assert all(p.grad is None for n, p in model.named_parameters() if "lora_" not in n)
 
@@ -229,13 +232,13 @@ def test_dims_not_multiple_of_16_stay_bf16():
 
 
 def test_plain_casts_match_the_emulated_backend_telemetry():
-    """fp8_naive's plain casts are the same numbers on both backends: the first layer's input
+    """Plain casts are the same numbers on both backends: the first layer's input
     is identical, so its activation underflow% must be too (same telemetry definitions)."""
     rows = {}
     for choice in (TORCHAO_CPU, BackendChoice("emulated", True, "test")):
         model = tiny_lora_model()
         tel = Fp8Telemetry()
-        apply_backend(model, "fp8_naive", tel, choice)
+        apply_backend(model, UNSCALED, tel, choice)
         tel.begin_step(0, record=True)
         with torch.no_grad():
             model(input_ids=ids(0))
@@ -281,7 +284,7 @@ def test_frozen_module_matches_torchao_float8linear_bitwise(recipe):
 
 @pytest.mark.parametrize(
     ("policy", "low", "high"),
-    [("fp8_protected", 25.0, 35.0), ("fp8_protected-no_block_scales", 25.0, 35.0)],
+    [("fp8_protected", 25.0, 35.0), ("fp8_protected-block_scales", 25.0, 35.0)],
 )
 def test_sqnr_of_emulated_base_gemm_vs_fp32(policy, low, high):
     """E4M3 keeps 3 mantissa bits: one scaled cast is ~31 dB, a GEMM of two casts ~28 dB."""
@@ -297,8 +300,8 @@ def test_sqnr_of_emulated_base_gemm_vs_fp32(policy, low, high):
     ref = x @ lin.weight.float().t()
     y = mod(x.to(torch.bfloat16).requires_grad_())
     assert low < tb.sqnr(ref, y) < high
-    # Plain casts of small activations lose far more (the fp8_naive failure mode).
-    naive = tb.map_policy("fp8_naive")
+    # Plain casts of small activations lose far more (the unscaled-cast failure mode).
+    naive = tb.map_policy(UNSCALED)
     plain_mod = tb.frozen_base_float8_linear_cls().from_float8_linear(
         torchao_float8.convert_to_float8_training(
             copy.deepcopy(lin), config=naive.float8_config(emulate=True)
@@ -311,7 +314,7 @@ def test_sqnr_of_emulated_base_gemm_vs_fp32(policy, low, high):
 
 def test_real_scaled_mm_path_equals_emulation_on_cpu():
     """emulate=False goes through torch._scaled_mm (slow on CPU, tiny here): same numbers."""
-    mapping = tb.map_policy("fp8_naive")
+    mapping = tb.map_policy(UNSCALED)
     outs = []
     for emulate in (True, False):
         mod = tb.frozen_base_float8_linear_cls().from_float8_linear(
@@ -331,6 +334,6 @@ def test_real_scaled_mm_path_equals_emulation_on_cpu():
 def test_auto_falls_back_when_the_backend_cannot_run_the_policy():
     model = tiny_lora_model()
     choice = BackendChoice("transformer_engine", False, "auto: test", requested="auto")
-    # TE cannot run fp8_naive's plain casts -> torchao (no TE import needed for that decision).
-    handle = apply_backend(model, "fp8_naive", None, choice)
+    # TE cannot run plain casts -> torchao (no TE import needed for that decision).
+    handle = apply_backend(model, UNSCALED, None, choice)
     assert handle.backend == "torchao" and handle.emulated is False  # as the choice said

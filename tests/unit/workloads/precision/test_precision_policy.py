@@ -1,10 +1,11 @@
-"""Policy registry, the DESIGN.md table, ablations and switch validation."""
+"""Policy registry, the policy table, the mechanism ladder and switch validation."""
 
 import dataclasses
 import json
 
 import pytest
 
+from workloads.precision.ladder import MECHANISMS, RUNGS
 from workloads.precision.policy import (
     SWITCHES,
     PrecisionPolicy,
@@ -15,19 +16,19 @@ from workloads.precision.policy import (
 )
 from workloads.precision.scaling import CastSpec, ScalingRecipe
 
-ABLATIONS = [n for n in available_policies() if n.startswith("fp8_protected-")]
+RUNG_NAMES = [r.name for r in RUNGS]
 
 
-def test_registry_lists_base_policies_first_then_ablations():
+def test_registry_lists_base_policies_first_then_the_ladder():
     names = available_policies()
-    assert names[:3] == ["bf16", "fp8_naive", "fp8_protected"]
+    assert names[:4] == ["bf16", "fp8_naive", "fp8_protected", "fp8_unscaled_fp8_adapters"]
+    assert names[4:] == RUNG_NAMES
     assert {
-        "fp8_protected-no_block_scales",
-        "fp8_protected-no_scaler",
-        "fp8_protected-no_calibration",
-        "fp8_protected-fp8_lora",
-        "fp8_protected-fp8_lm_head",
-        "fp8_protected-plain_dgrad",
+        "fp8_naive+bf16_lora_gemm",
+        "fp8_naive-fp32_adapter_storage",
+        "fp8_protected-block_scales",
+        "fp8_protected-grad_scaler",
+        "fp8_protected-calibration",
     } <= set(names)
 
 
@@ -55,15 +56,38 @@ def test_bf16_row_of_the_design_table():
     )
 
 
-def test_naive_row_is_all_plain_casts():
+def test_naive_v2_is_the_stock_fp8_conversion():
+    """Every linear in FP8 with per-tensor current scaling; FP32 masters; nothing LoRA-aware."""
     p = get_policy("fp8_naive")
-    assert p.base_weight == CastSpec("e4m3", ScalingRecipe("none"))
-    assert p.base_activation == CastSpec("e4m3", ScalingRecipe("none"))
-    assert p.base_dgrad == CastSpec("e5m2", ScalingRecipe("none"))
-    assert (p.lora_storage, p.lora_gemm, p.lora_grad) == ("fp8_e4m3", "fp8", "fp8_e5m2")
-    assert (
-        p.lm_head_fp8 and not p.lora_grad_scaler and p.calibration_steps == 0 and p.ablation == ""
+    assert p.version == 2
+    assert p.base_weight == CastSpec("e4m3", ScalingRecipe("current"))
+    assert p.base_activation == CastSpec("e4m3", ScalingRecipe("current"))
+    assert p.base_dgrad == CastSpec("e5m2", ScalingRecipe("current"))
+    assert (p.lora_storage, p.lora_gemm, p.lora_gemm_scaling, p.lora_grad) == (
+        "fp32_master",
+        "fp8",
+        "current",
+        "fp32",
     )
+    assert p.lm_head_fp8 and not p.lora_grad_scaler and p.calibration_steps == 0
+    assert (p.ladder, p.mechanism, p.ablation) == ("", "", "")
+
+
+def test_naive_v1_keeps_its_behaviour_under_a_descriptive_name():
+    p = get_policy("fp8_unscaled_fp8_adapters")
+    plain = ScalingRecipe("none")
+    assert (p.base_weight, p.base_activation, p.base_dgrad) == (
+        CastSpec("e4m3", plain),
+        CastSpec("e4m3", plain),
+        CastSpec("e5m2", plain),
+    )
+    assert (p.lora_storage, p.lora_gemm, p.lora_gemm_scaling, p.lora_grad) == (
+        "fp8_e4m3",
+        "fp8",
+        "none",
+        "fp8_e5m2",
+    )
+    assert p.lm_head_fp8 and not p.lora_grad_scaler and p.calibration_steps == 0 and not p.ladder
 
 
 def test_protected_row():
@@ -86,15 +110,43 @@ def test_protected_row():
         and p.calibration_steps > 0
         and p.uses_delayed_scaling
         and p.ablation == ""
+        and p.ladder == ""
     )
 
 
-@pytest.mark.parametrize("name", ABLATIONS)
-def test_each_ablation_flips_exactly_one_switch_of_protected(name):
-    base, ablation = get_policy("fp8_protected"), get_policy(name)
-    changed = [s for s in SWITCHES if getattr(base, s) != getattr(ablation, s)]
-    assert len(changed) == 1, changed
-    assert ablation.ablation and ablation.ablation in ablation.description
+@pytest.mark.parametrize("rung", RUNGS, ids=RUNG_NAMES)
+def test_each_rung_moves_exactly_one_mechanism_of_its_base(rung):
+    base, policy = get_policy(rung.base), get_policy(rung.name)
+    mechanism = MECHANISMS[rung.mechanism]
+    changed = {s for s in SWITCHES if getattr(base, s) != getattr(policy, s)}
+    assert changed and changed <= mechanism.fields, changed
+    target = mechanism.protect if rung.direction == "up" else mechanism.expose
+    assert policy == policy.with_switches(**target)  # the rung sits at the mechanism's position
+    assert (policy.ladder, policy.ladder_base, policy.mechanism) == (
+        rung.direction,
+        rung.base,
+        rung.mechanism,
+    )
+    assert policy.mechanism_desc == mechanism.description and rung.mechanism in policy.description
+    assert policy.ablation == (rung.mechanism if rung.base == "fp8_protected" else "")
+
+
+def test_every_mechanism_is_one_switch_with_two_positions():
+    """Both positions set the same fields, no field is left at the same value, and every
+    mechanism is reachable as a rung."""
+    for m in MECHANISMS.values():
+        assert m.protect.keys() == m.expose.keys()
+        base = get_policy("fp8_protected")
+        on, off = base.with_switches(**m.protect), base.with_switches(**m.expose)
+        assert {s for s in SWITCHES if getattr(on, s) != getattr(off, s)} == m.fields
+    assert {r.mechanism for r in RUNGS} == set(MECHANISMS)
+
+
+def test_a_switched_rung_is_no_longer_that_rung():
+    rung = get_policy("fp8_protected-calibration")
+    assert rung.with_switches(calibration_steps=0).mechanism == "calibration"  # unchanged
+    moved = rung.with_switches(lm_head_fp8=True)
+    assert (moved.ladder, moved.ladder_base, moved.mechanism) == ("", "", "")
 
 
 def test_policies_never_carry_hyperparameters():

@@ -1,0 +1,46 @@
+"""The trial tags every run with its ladder position and the backend's deviations (the report
+pairs rungs and flags changed policies from these tags alone)."""
+from types import SimpleNamespace
+
+import pytest
+
+from workloads import trial
+from workloads.precision.ladder import (
+    TAG_LADDER,
+    TAG_LADDER_BASE,
+    TAG_MECHANISM,
+    TAG_MECHANISM_DESC,
+    MECHANISMS,
+)
+from workloads.precision.policy import get_policy
+
+
+class FakeLogger:
+    def __init__(self) -> None:
+        self.tags: dict = {}
+
+    def set_tags(self, tags: dict) -> None:
+        self.tags.update(tags)
+
+    def log_text(self, text: str, path: str) -> None: ...
+
+    def log_dict(self, data: dict, path: str) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("fp8_naive+calibration", ("up", "fp8_naive", "calibration")),
+        ("fp8_naive-fp32_adapter_storage", ("down", "fp8_naive", "fp32_adapter_storage")),
+        ("fp8_protected-grad_scaler", ("down", "fp8_protected", "grad_scaler")),
+        ("fp8_protected", ("", "", "")),
+    ],
+)
+def test_ladder_tags(name, expected):
+    logger, policy = FakeLogger(), get_policy(name)
+    handle = SimpleNamespace(backend="emulated", emulated=True, plan=[])
+    trial._log_setup(logger, {"seed": 0}, {"device": "cpu"}, handle, policy)
+    tags = logger.tags
+    assert (tags[TAG_LADDER], tags[TAG_LADDER_BASE], tags[TAG_MECHANISM]) == expected
+    assert tags[TAG_MECHANISM_DESC] == (MECHANISMS[expected[2]].description if expected[2] else "")
+    assert tags["fp8lab.ablation"] == (expected[2] if expected[1] == "fp8_protected" else "")
