@@ -16,6 +16,7 @@ import contextlib
 import difflib
 import functools
 import importlib.resources
+import json
 import logging
 import random
 from dataclasses import dataclass
@@ -111,8 +112,9 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """Accuracy of an in-memory causal LM on one lm-eval task (multiple choice, metric `acc`).
 
-    Returns {"accuracy", "accuracy_stderr", "task", "n", "raw"}; `raw` is lm-eval's results dict
-    for the task. The model is put in eval mode for the call and its previous mode restored;
+    Returns {"accuracy", "accuracy_stderr", "task", "n", "raw", "samples", "results"}; `raw` is
+    lm-eval's results dict for the task, `samples` its per-item values of the metric (see
+    `item_values`), `results` lm-eval's whole output minus samples, as plain JSON. The model is put in eval mode for the call and its previous mode restored;
     lm-eval seeds the global RNGs (python, numpy, torch) for a reproducible evaluation, and
     their previous states are restored afterwards. `device` is where the model already lives
     (an in-memory model is never moved; HFLM takes the device from the model).
@@ -141,7 +143,7 @@ def evaluate_model(
                 num_fewshot=num_fewshot,
                 limit=limit,
                 task_manager=manager,
-                log_samples=False,
+                log_samples=True,  # per-item values: the report pairs policies on items
                 # >0 or lm-eval reports no stderr at all; `acc` (a mean) gets the closed form,
                 # only bootstrappable metrics of other tasks resample
                 bootstrap_iters=1000,
@@ -164,7 +166,30 @@ def evaluate_model(
         "task": name,
         "n": int(n),
         "raw": raw,
+        "samples": item_values(out.get("samples", {}).get(name, []), metric_key),
+        "results": results_payload(out),
     }
+
+
+def item_values(logged: list[dict[str, Any]], metric_key: str) -> list[dict[str, Any]]:
+    """lm-eval's logged samples -> one `{"doc_id", "metric", "value"}` row per document, for
+    the metric `metric_key` ("acc,none", "exact_match,strict-match"): lm-eval logs every
+    document once per filter, so only the rows of that metric's filter are kept. The metric
+    is named without lm-eval's "none" filter suffix ("acc", "exact_match,strict-match")."""
+    metric, _, filter_key = metric_key.partition(",")
+    name = metric if filter_key in ("", "none") else metric_key
+    rows = [{"doc_id": int(s["doc_id"]), "metric": name, "value": float(s[metric])}
+            for s in logged if s.get("filter", "none") == (filter_key or "none") and metric in s]
+    return sorted(rows, key=lambda r: r["doc_id"])
+
+
+def results_payload(out: dict[str, Any]) -> dict[str, Any]:
+    """lm-eval's results dict without the logged samples, reduced to what JSON can hold (task
+    configs carry functions; lm-eval's own converter turns those into strings)."""
+    from lm_eval.utils import handle_non_serializable
+
+    kept = {k: v for k, v in out.items() if k != "samples"}
+    return json.loads(json.dumps(kept, default=handle_non_serializable))
 
 
 def _metric_key(raw: dict[str, Any], task: str) -> str:

@@ -103,7 +103,7 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
         result.update(status="DIVERGED", reason=f"non-finite loss at step {train.diverged_step}",
                       diverged_step=train.diverged_step)
     else:
-        metrics.update(_evaluate(model, tokenizer, config, device))
+        metrics.update(_evaluate(model, tokenizer, config, device, logger=logger))
     metrics["train/tokens_per_epoch"] = float(train_data.attention_mask.sum())
     result["metrics"] = metrics
     logger.log_final(metrics, step=train.steps_done)  # at the last step, so MLflow's latest value is the final one
@@ -211,7 +211,9 @@ def _train_metrics(train: TrainResult, memory: PeakMemory, handle: Any) -> dict[
 
 
 def _evaluate(model: Any, tokenizer: Any, config: dict[str, Any], device: torch.device,
-              prefix: str = "eval/") -> dict[str, float]:
+              prefix: str = "eval/", logger: MlflowTrialLogger | None = None) -> dict[str, float]:
+    """Metrics of one evaluation; with a logger, also lm-eval's results and per-item samples as
+    artifacts (`eval/results.json`, `eval/samples/<task>.jsonl`) for paired statistics."""
     ev, data = config["eval"], config["data"]
     started = time.perf_counter()
     model.eval()
@@ -222,8 +224,16 @@ def _evaluate(model: Any, tokenizer: Any, config: dict[str, Any], device: torch.
             include_path=ev["include_path"], limit=ev["limit"], batch_size=ev["batch_size"],
             num_fewshot=ev["num_fewshot"], device=str(device),
         )
+    if logger is not None:
+        _log_eval_artifacts(logger, out)
     return {f"{prefix}accuracy": out["accuracy"], f"{prefix}accuracy_stderr": out["accuracy_stderr"],
             f"{prefix}n": float(out["n"]), f"{prefix}wall_s": time.perf_counter() - started}
+
+
+def _log_eval_artifacts(logger: MlflowTrialLogger, out: dict[str, Any]) -> None:
+    lines = "".join(json.dumps(row) + "\n" for row in out["samples"])
+    logger.log_text(lines, f"eval/samples/{out['task']}.jsonl")
+    logger.log_dict(out["results"], "eval/results.json")
 
 
 def _eval_data_dir(data_path: str, task: str) -> str | None:

@@ -1,6 +1,7 @@
 """`fp8lab trial` end to end through the real CLI, one tiny trial per policy, on CPU."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,22 @@ def test_trial_writes_result_and_mlflow_run(policy: str, workdir: Path) -> None:
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert [m.step for m in history] == [2, 4, 6]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config", "precision", "logs", "result.json"} <= artifacts
+    assert {"config", "precision", "logs", "result.json", "eval"} <= artifacts
+    _assert_eval_samples(client, run.info.run_id, result["metrics"]["eval/accuracy"])
     if policy != "bf16":
         assert "telemetry" in artifacts
         assert client.get_metric_history(run.info.run_id, "telemetry/activation/underflow_pct")
+
+
+def _assert_eval_samples(client, run_id: str, accuracy: float) -> None:
+    """Per-item samples (one 0/1 `acc` per document) average to the logged accuracy."""
+    folder = Path(client.download_artifacts(run_id, "eval"))
+    rows = [json.loads(line) for line in (folder / "samples" / "fp8lab_embedded.jsonl").read_text().splitlines()]
+    assert [r["doc_id"] for r in rows] == list(range(16))
+    assert {r["metric"] for r in rows} == {"acc"} and {r["value"] for r in rows} <= {0.0, 1.0}
+    assert sum(r["value"] for r in rows) / len(rows) == pytest.approx(accuracy)
+    results = read_json(folder / "results.json")
+    assert results["results"]["fp8lab_embedded"]["acc,none"] == pytest.approx(accuracy)
 
 
 def test_diverging_trial_is_a_result_not_a_crash(workdir: Path) -> None:

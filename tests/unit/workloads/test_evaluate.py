@@ -56,11 +56,19 @@ def test_embedded_paths_exist():
 
 def test_small_limit(model, tokenizer):
     result = evaluate_model(model, tokenizer, limit=16, batch_size=16)
-    assert set(result) == {"accuracy", "accuracy_stderr", "task", "n", "raw"}
+    assert set(result) == {"accuracy", "accuracy_stderr", "task", "n", "raw", "samples", "results"}
     assert result["task"] == "fp8lab_embedded"
     assert result["n"] == 16
     assert 0.0 <= result["accuracy"] <= 1.0
     assert result["accuracy_stderr"] >= 0.0
+    # per-item values of the primary metric: one row per document, averaging to the accuracy
+    assert [row["doc_id"] for row in result["samples"]] == list(range(16))
+    assert {row["metric"] for row in result["samples"]} == {"acc"}
+    assert {row["value"] for row in result["samples"]} <= {0.0, 1.0}
+    assert sum(row["value"] for row in result["samples"]) / 16 == pytest.approx(result["accuracy"])
+    json.dumps(result["results"])  # plain JSON: configs' functions are strings
+    assert result["results"]["results"]["fp8lab_embedded"]["acc,none"] == result["accuracy"]
+    assert "samples" not in result["results"]
 
 
 def test_base_model_is_near_chance(model, tokenizer):
