@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from workloads.eval_metrics import EMBEDDED_TASK, configured_tasks
+from workloads.eval_preflight import check_eval_tasks
+
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.pt")
-EMBEDDED_TASK = "fp8lab_embedded"
 
 
 def check_config(config: dict[str, Any]) -> list[str]:
@@ -24,7 +26,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
     problems += check_policy(config["precision"])
     problems += check_device(config["train"], config["cluster"])
     problems += check_output(config["trial"].get("output"))
-    problems += check_eval_task(config["eval"])
+    problems += check_eval_tasks(config)
     return problems
 
 
@@ -70,7 +72,7 @@ def check_data(data_cfg: dict[str, Any], eval_cfg: dict[str, Any]) -> list[str]:
     if split not in files:
         return [f"data.path: no '{split}' split in {path} (found: {', '.join(files) or 'no .jsonl files'}) "
                 f"(fix: add {split}.jsonl or set data.train_split)"]
-    needed = [split] + (["test"] if eval_cfg["task"] == EMBEDDED_TASK and local.is_dir() else [])
+    needed = [split] + (["test"] if EMBEDDED_TASK in configured_tasks(eval_cfg) and local.is_dir() else [])
     problems = []
     for name in needed:
         if name not in files:
@@ -210,23 +212,6 @@ def _detected_gpus() -> int:
         import torch
 
         return torch.cuda.device_count()
-
-
-def check_eval_task(eval_cfg: dict[str, Any]) -> list[str]:
-    """The embedded task ships with fp8lab; any other name is looked up in lm-eval (slow: ~10 s)."""
-    if eval_cfg["task"] == EMBEDDED_TASK and not eval_cfg.get("include_path"):
-        return []
-    if eval_cfg.get("include_path") and not Path(eval_cfg["include_path"]).expanduser().is_dir():
-        return [f"eval.include_path: {eval_cfg['include_path']} is not a folder (fix: a folder of lm-eval task YAMLs)"]
-    from workloads.evaluate import check_task_exists
-
-    try:
-        check_task_exists(eval_cfg["task"], eval_cfg.get("include_path"))
-    except ValueError as exc:
-        fix = "" if "fix:" in str(exc) else (" (fix: a task `lm-eval ls tasks` lists, or eval.include_path=<a folder of "
-                                              "task YAMLs> for your own)")
-        return [f"eval.task: {exc}{fix}"]
-    return []
 
 
 def check_many(configs: list[dict[str, Any]]) -> list[str]:
