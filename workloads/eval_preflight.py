@@ -10,6 +10,8 @@ exist when `eval.apply_chat_template` asks for one. One line per problem, `<key>
 """
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,19 @@ ROLLING = "loglikelihood_rolling"
 
 
 def check_eval_tasks(config: dict[str, Any]) -> list[str]:
-    """Every problem of the configured evaluation, one line each (empty = ready to train)."""
+    """Every problem of the configured evaluation, one line each (empty = ready to train).
+    A sweep's cells usually share their eval section: each distinct one is checked once."""
+    key = json.dumps([config["eval"], config["data"]["path"], config["model"]], sort_keys=True, default=str)
+    return list(_check_cached(key))
+
+
+@functools.lru_cache(maxsize=32)
+def _check_cached(key: str) -> tuple[str, ...]:
+    ev, data_path, model = json.loads(key)
+    return tuple(_check({"eval": ev, "data": {"path": data_path}, "model": model}))
+
+
+def _check(config: dict[str, Any]) -> list[str]:
     ev = config["eval"]
     key = "eval.tasks" if ev.get("tasks") else "eval.task"
     include = ev.get("include_path")
@@ -133,13 +147,16 @@ def _check_chat_template(tokenizer: Any, template: bool | str) -> list[str]:
 
 
 def _tokenizer(model_cfg: dict[str, Any]) -> Any:
+    """The trial's tokenizer, or None when it does not load (the model checks say why). Path
+    resolution as in model_loading, without importing PEFT for it (seconds, in every preflight)."""
     from transformers import AutoTokenizer
 
     from workloads.evaluate import embedded_paths
-    from workloads.model_loading import resolve_model_path
 
+    name = model_cfg["name_or_path"]
+    local = Path(name).expanduser()
+    path = str(embedded_paths().model_dir) if name == "embedded" else str(local) if local.exists() else name
     try:
-        path = resolve_model_path(model_cfg["name_or_path"], embedded_paths().model_dir)
         return AutoTokenizer.from_pretrained(path, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
     except Exception:  # noqa: BLE001 - reported by the model checks
         return None
