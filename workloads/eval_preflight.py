@@ -58,6 +58,8 @@ def _load_infos(names: list[str], key: str, include: str | None,
     infos: dict[str, TaskInfo] = {}
     problems: list[str] = []
     for name in names:
+        if name in data_dirs and not (Path(data_dirs[name]) / "test.jsonl").is_file():
+            continue  # the data checks already say `data.path` lacks test.jsonl: one line, not two
         try:
             built = load_tasks([name], include, data_dirs)
         except ValueError as exc:

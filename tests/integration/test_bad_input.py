@@ -20,7 +20,6 @@ from typing import Callable
 import pytest
 
 from tests.integration.conftest import run_cli
-from tests.unit.workloads.eval_task_files import GEN, MC, write_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -108,9 +107,6 @@ CASES = [
     Case("lm-eval-task-unknown", "trial", ["eval.task=no_such_task_xyz"], ["eval.task"], contains=["no_such_task_xyz"]),
     Case("eval-task-and-tasks-together", "trial", ["eval.task=fp8lab_embedded", "eval.tasks=[fp8lab_embedded]"],
          ["eval.task"]),
-    Case("eval-primary-metric-not-reported", "sweep",
-         [f"eval.tasks=[{MC},{GEN}]", "eval.include_path=./eval/tasks", "eval.metrics={{" + GEN + ": f1}}", *ONE_CELL],
-         [f"eval.metrics.{GEN}"], setup=lambda d: write_tasks(d / "eval"), contains=["exact_match.strict-match"]),
     Case("cuda-device-without-gpu", "trial", ["train.device=cuda"], ["train.device"]),
     Case("gpu-per-trial-without-gpu", "sweep", ["cluster.gpus_per_trial=1", *ONE_CELL], ["cluster.gpus_per_trial"]),
     Case("cluster-address-unreachable", "sweep", ["cluster.address=127.0.0.1:{port}", *ONE_CELL], ["cluster.address"],
