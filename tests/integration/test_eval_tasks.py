@@ -1,6 +1,8 @@
 """A real `fp8lab sweep` evaluating two lm-eval tasks of different output types (multiple choice
 and generate_until, YAMLs and data written here): both tasks' metrics, lm-eval's results and the
-per-item samples reach the trial's MLflow run, and eval/accuracy is their chosen aggregate."""
+per-item samples reach the trial's MLflow run, and eval/accuracy is their chosen aggregate.
+The generative task's primary metric is overridden to its flexible filter, which scores 0 where
+the strict one scores 1 (see eval_task_files): the mean then tells the override was honoured."""
 from __future__ import annotations
 
 import json
@@ -18,7 +20,8 @@ def test_sweep_with_a_multiple_choice_and_a_generative_task(workdir: Path) -> No
     tasks = write_tasks(workdir / "eval", n=6)
     run_cli(["sweep", *TINY, "sweep.report=false", "cluster.num_cpus=1", "sweep.name=t-tasks",
              "sweep.axes.precision=[fp8_protected]", "sweep.axes.seed=[0]",
-             f"eval.tasks=[{MC},{GEN}]", f"eval.include_path={tasks}"], workdir)
+             f"eval.tasks=[{MC},{GEN}]", f"eval.include_path={tasks}",
+             f"eval.metrics={{{GEN}: exact_match.flexible-extract}}"], workdir)
     client = client_for(workdir)
     runs = client.search_runs([client.get_experiment_by_name("t-tasks").experiment_id],
                               filter_string="tags.`fp8lab.role` = 'trial'")
@@ -29,12 +32,13 @@ def test_sweep_with_a_multiple_choice_and_a_generative_task(workdir: Path) -> No
     for key in (f"eval/{MC}/acc", f"eval/{MC}/acc_stderr", f"eval/{MC}/acc_norm", f"eval/{GEN}/exact_match.strict-match",
                 f"eval/{GEN}/exact_match.strict-match_stderr", f"eval/{GEN}/exact_match.flexible-extract"):
         assert key in metrics, (key, sorted(metrics))
-    primaries = metrics[f"eval/{MC}/acc"], metrics[f"eval/{GEN}/exact_match.strict-match"]
+    primaries = metrics[f"eval/{MC}/acc"], metrics[f"eval/{GEN}/exact_match.flexible-extract"]
     assert metrics["eval/accuracy"] == pytest.approx(sum(primaries) / 2)  # eval.primary=mean (default)
+    assert metrics[f"eval/{GEN}/exact_match.strict-match"] != primaries[1]
     assert metrics["eval/n"] == 12
 
     folder = Path(client.download_artifacts(run.info.run_id, "eval", dst_path=str(workdir / "artifacts")))
-    for task, label, value in ((MC, "acc", primaries[0]), (GEN, "exact_match.strict-match", primaries[1])):
+    for task, label, value in ((MC, "acc", primaries[0]), (GEN, "exact_match.flexible-extract", primaries[1])):
         rows = [json.loads(line) for line in (folder / "samples" / f"{task}.jsonl").read_text().splitlines()]
         assert [r["doc_id"] for r in rows] == list(range(6)) and {r["metric"] for r in rows} == {label}
         assert sum(r["value"] for r in rows) / 6 == pytest.approx(value)
