@@ -232,9 +232,10 @@ def _evaluate(model: Any, tokenizer: Any, config: dict[str, Any], device: torch.
             fewshot_as_multiturn=ev.get("fewshot_as_multiturn", False),
             system_instruction=ev.get("system_instruction"), device=str(device),
         )
+    aggregate = ev.get("primary") or PRIMARY_MEAN
     if logger is not None:
-        _log_eval_artifacts(logger, out)
-    accuracy, stderr = primary_figure(out["tasks"], ev.get("primary") or PRIMARY_MEAN)
+        _log_eval_artifacts(logger, out, aggregate)
+    accuracy, stderr = primary_figure(out["tasks"], aggregate)
     metrics = {f"{prefix}accuracy": accuracy, f"{prefix}accuracy_stderr": stderr,
                f"{prefix}n": float(sum(t["n"] for t in out["tasks"].values()))}
     for name, one in out["tasks"].items():
@@ -243,7 +244,11 @@ def _evaluate(model: Any, tokenizer: Any, config: dict[str, Any], device: torch.
     return metrics
 
 
-def _log_eval_artifacts(logger: MlflowTrialLogger, out: dict[str, Any]) -> None:
+def _log_eval_artifacts(logger: MlflowTrialLogger, out: dict[str, Any], aggregate: str) -> None:
+    """Samples and results as artifacts; tags say which metric of each task is its primary one
+    (the report's per-task column) and what eval/accuracy aggregates."""
+    primaries = {safe_name(name): one["primary"] for name, one in out["tasks"].items()}
+    logger.set_tags({"fp8lab.eval_primary": json.dumps(primaries), "fp8lab.eval_aggregate": aggregate})
     for name, one in out["tasks"].items():
         lines = "".join(json.dumps(row) + "\n" for row in one["samples"])
         logger.log_text(lines, f"eval/samples/{safe_name(name)}.jsonl")

@@ -36,6 +36,8 @@ def test_sweep_with_a_multiple_choice_and_a_generative_task(workdir: Path) -> No
     assert metrics["eval/accuracy"] == pytest.approx(sum(primaries) / 2)  # eval.primary=mean (default)
     assert metrics[f"eval/{GEN}/exact_match.strict-match"] != primaries[1]
     assert metrics["eval/n"] == 12
+    assert json.loads(run.data.tags["fp8lab.eval_primary"]) == {MC: "acc", GEN: "exact_match.flexible-extract"}
+    assert run.data.tags["fp8lab.eval_aggregate"] == "mean"
 
     folder = Path(client.download_artifacts(run.info.run_id, "eval", dst_path=str(workdir / "artifacts")))
     for task, label, value in ((MC, "acc", primaries[0]), (GEN, "exact_match.flexible-extract", primaries[1])):
