@@ -100,3 +100,41 @@ def test_fewshot_and_chat_template_reach_lm_eval(tiny, task_dir, monkeypatch):
     assert out["tasks"][MC]["n"] == 2 and out["results"]["n-shot"][MC] == 2
     prompt = seen["out"]["samples"][MC][0]["arguments"][0][0]
     assert prompt.startswith("<system>Be exact.\n") and prompt.count("<user>") == 3 and "<assistant>" in prompt
+
+
+class _Recorder:
+    """Stands in for MlflowTrialLogger: what the trial would write to its run."""
+
+    def __init__(self):
+        self.tags, self.files = {}, {}
+
+    def set_tags(self, tags):
+        self.tags.update(tags)
+
+    def log_text(self, text, path):
+        self.files[path] = text
+
+    def log_dict(self, data, path):
+        self.files[path] = json.dumps(data)
+
+
+def test_trial_evaluation_names_metrics_and_writes_samples(tiny, task_dir):
+    """The trial's eval step: eval/accuracy is the named task's primary, every task's metrics are
+    logged (under eval/base/ before training), samples and tags go to the run."""
+    from workloads.trial import _evaluate
+
+    model, tokenizer = tiny
+    ev = {"task": None, "tasks": [MC, GEN], "metrics": None, "primary": GEN, "include_path": str(task_dir),
+          "limit": 3, "batch_size": 8, "num_fewshot": None, "apply_chat_template": False,
+          "fewshot_as_multiturn": False, "system_instruction": None}
+    config = {"eval": ev, "data": {"path": "embedded"}}
+    recorder = _Recorder()
+    final = _evaluate(model, tokenizer, config, torch.device("cpu"), logger=recorder)
+    assert final["eval/accuracy"] == final[f"eval/{GEN}/exact_match.strict-match"] and final["eval/n"] == 6
+    assert {f"eval/{MC}/acc", f"eval/{MC}/acc_norm", f"eval/{GEN}/exact_match.flexible-extract"} <= set(final)
+    assert json.loads(recorder.tags["fp8lab.eval_primary"]) == {MC: "acc", GEN: "exact_match.strict-match"}
+    assert recorder.tags["fp8lab.eval_aggregate"] == GEN
+    assert set(recorder.files) == {f"eval/samples/{MC}.jsonl", f"eval/samples/{GEN}.jsonl", "eval/results.json"}
+    assert len(recorder.files[f"eval/samples/{GEN}.jsonl"].splitlines()) == 3
+    base = _evaluate(model, tokenizer, config, torch.device("cpu"), prefix="eval/base_")
+    assert "eval/base_accuracy" in base and f"eval/base/{MC}/acc" in base and not any(k.startswith("eval/tiny") for k in base)
