@@ -100,11 +100,20 @@ SCHEMA: dict[str, Any] = {
         "checkpoint_dir": _str("/path/to/checkpoints", nullable=True),
     },
     "eval": {
-        "task": _str("fp8lab_embedded"),
+        "task": _str("fp8lab_embedded", nullable=True),
+        "tasks": Rule((list,), "a non-empty list of distinct task names", "[fp8lab_embedded,arc_easy]", True,
+                      lambda v: bool(v) and all(isinstance(t, str) and t.strip() for t in v) and len(set(v)) == len(v)),
+        "metrics": Rule((dict,), "a mapping of task name -> primary metric, or null", '{gsm8k: "exact_match,strict-match"}', True,
+                        lambda v: all(isinstance(k, str) and isinstance(m, str) and m.strip() for k, m in v.items())),
+        "primary": _str("mean"),
         "include_path": _str("/path/to/tasks", nullable=True),
         "limit": _int("an integer >= 1 or null", "100", lo=1, nullable=True),
         "batch_size": _int("an integer >= 1", "32", lo=1),
-        "num_fewshot": _int("an integer >= 0", "0", lo=0),
+        "num_fewshot": _int("an integer >= 0 or null", "0", lo=0, nullable=True),
+        "apply_chat_template": Rule((bool, str), "true, false or a chat template name", "true", False,
+                                    lambda v: isinstance(v, bool) or bool(v.strip())),
+        "fewshot_as_multiturn": _BOOL,
+        "system_instruction": _str("You are a careful assistant.", nullable=True),
         "before_training": _BOOL,
     },
     "tracking": {
@@ -152,6 +161,7 @@ def validate_config(cfg: dict) -> list[str]:
     problems: list[str] = []
     _walk(cfg, SCHEMA, "", problems)
     problems += _check_axes(cfg.get("sweep", {}).get("axes"), cfg)
+    problems += _check_eval(cfg.get("eval"))
     return problems
 
 
@@ -209,6 +219,21 @@ def _check_axes(axes: Any, cfg: dict) -> list[str]:
             bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or v < 0]
             if bad:
                 problems.append(f"sweep.axes.seed: seeds must be integers >= 0, got {bad!r} (fix: sweep.axes.seed=[0,1])")
+    return problems
+
+
+def _check_eval(ev: Any) -> list[str]:
+    """Cross-key rules of `eval` (each key's own type is checked by the schema; which tasks and
+    metrics exist is known only to lm-eval: workloads/eval_preflight.py checks those)."""
+    if not isinstance(ev, dict):
+        return []
+    problems = []
+    if ev.get("task") is not None and ev.get("tasks") is not None:
+        problems.append(f"eval.task: set together with eval.tasks; use one (fix: eval.tasks=[{ev['task']},...] "
+                        "and eval.task=null, or drop eval.tasks)")
+    if ev.get("fewshot_as_multiturn") is True and ev.get("apply_chat_template") is False:
+        problems.append("eval.fewshot_as_multiturn: needs a chat template (fix: eval.apply_chat_template=true, "
+                        "or eval.fewshot_as_multiturn=false)")
     return problems
 
 

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from workloads.data import DATA_SUFFIXES, DataSource, locate
 from workloads.data_formats import RowProblem, detect_format, row_problems
-from workloads.evaluate import EMBEDDED_TASK
+from workloads.eval_metrics import EMBEDDED_TASK, configured_tasks
 # What the embedded task's loader (workloads/embedded/tasks/dataset.py) reads from a data folder.
 EVAL_SPLITS = ("train", "validation", "test")
 EVAL_FIELDS = {"prompt_field": "prompt", "choices_field": "choices", "answer_field": "answer"}
@@ -177,10 +177,8 @@ def _check_rows(rows: SplitRows, fmt: str | None, data_cfg: dict[str, Any]) -> l
 
 
 def uses_embedded_task(eval_cfg: dict[str, Any]) -> bool:
-    """Whether evaluation runs fp8lab's embedded task (alone, or among several)."""
-    tasks = eval_cfg.get("tasks") or []
-    names = [t if isinstance(t, str) else (t or {}).get("name") for t in (tasks if isinstance(tasks, list) else [tasks])]
-    return eval_cfg.get("task") == EMBEDDED_TASK or EMBEDDED_TASK in names
+    """Whether evaluation runs fp8lab's embedded task (alone, among several, or by default)."""
+    return EMBEDDED_TASK in configured_tasks(eval_cfg)
 
 
 def _check_eval_folder(folder: Path, source: DataSource, splits: dict[str, SplitRows], fmt: str,

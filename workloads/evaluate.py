@@ -1,7 +1,9 @@
-"""Evaluate an in-memory (already fine-tuned) model with lm-eval.
+"""Evaluate an in-memory (already fine-tuned) model with lm-eval, on one or several tasks of any
+output type (multiple_choice, generate_until, loglikelihood_rolling, ...).
 
-    result = evaluate_model(model, tokenizer, task="fp8lab_embedded", limit=None, batch_size=32)
-    result["accuracy"], result["accuracy_stderr"], result["n"]
+    out = evaluate_tasks(model, tokenizer, ["fp8lab_embedded", "my_gsm"], metrics={"my_gsm": "exact_match,flexible-extract"})
+    out["tasks"]["my_gsm"]["value"], out["tasks"]["my_gsm"]["metrics"], out["tasks"]["my_gsm"]["samples"]
+    evaluate_model(model, tokenizer, task="fp8lab_embedded")["accuracy"]     # one task
 
 The model is whatever the trial trained — a PeftModel, possibly with base linears swapped for
 FP8 emulation modules — wrapped as-is in lm-eval's HFLM; nothing is reloaded, nothing touches
@@ -21,10 +23,9 @@ import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Sequence
 
-EMBEDDED_TASK = "fp8lab_embedded"
-METRIC = "acc"
+from workloads.eval_metrics import EMBEDDED_TASK, TaskInfo, item_values, metric_label, resolve_primary, task_metrics
 
 
 @dataclass(frozen=True)
@@ -98,38 +99,70 @@ def check_task_exists(task: str, include_path: str | Path | list[str | Path] | N
     task_manager(task, include_path)
 
 
-def evaluate_model(
+def load_tasks(
+    names: Sequence[str],
+    include_path: str | Path | list[str | Path] | None = None,
+    data_dirs: Mapping[str, str | Path] | None = None,
+) -> dict[str, Any]:
+    """Build lm-eval Task objects for `names` (a group or tag expands to its tasks), each with
+    its data loaded: {task name: Task}. `data_dirs` points named fp8lab JSONL tasks at another
+    folder. Raises ValueError for an unknown task (did-you-mean) or a task that cannot take a
+    data_dir; whatever lm-eval raises while loading a task's data propagates."""
+    built: dict[str, Any] = {}
+    for name in names:
+        data_dir = (data_dirs or {}).get(name)
+        manager = task_manager(name, include_path, data_dir)
+        with _quiet_lm_eval():
+            loaded = list(manager.load([name])["tasks"].values())
+        if data_dir is not None:
+            _check_honours_data_dir(loaded)
+        for task in loaded:
+            built.setdefault(task.config.task, task)
+    return built
+
+
+def evaluate_tasks(
     model: Any,
     tokenizer: Any,
+    tasks: Sequence[str],
     *,
-    task: str = EMBEDDED_TASK,
-    data_dir: str | Path | None = None,
+    metrics: Mapping[str, str] | None = None,
+    data_dirs: Mapping[str, str | Path] | None = None,
     include_path: str | Path | list[str | Path] | None = None,
     limit: int | None = None,
     batch_size: int = 32,
-    num_fewshot: int = 0,
+    num_fewshot: int | None = None,
+    apply_chat_template: bool | str = False,
+    fewshot_as_multiturn: bool = False,
+    system_instruction: str | None = None,
     device: str = "cpu",
 ) -> dict[str, Any]:
-    """Accuracy of an in-memory causal LM on one lm-eval task (multiple choice, metric `acc`).
+    """Evaluate an in-memory causal LM on several lm-eval tasks of any output type in one
+    `simple_evaluate` call (lm-eval's own requests, filters and metrics).
 
-    Returns {"accuracy", "accuracy_stderr", "task", "n", "raw", "samples", "results"}; `raw` is
-    lm-eval's results dict for the task, `samples` its per-item values of the metric (see
-    `item_values`), `results` lm-eval's whole output minus samples, as plain JSON. The model is put in eval mode for the call and its previous mode restored;
-    lm-eval seeds the global RNGs (python, numpy, torch) for a reproducible evaluation, and
-    their previous states are restored afterwards. `device` is where the model already lives
-    (an in-memory model is never moved; HFLM takes the device from the model).
+    `metrics` names a task's primary metric (see eval_metrics.resolve_primary; default: the
+    first of its metric_list under its first filter). `num_fewshot=None` keeps each task's own
+    default. Returns {"tasks": {name: {"primary", "value", "stderr", "n", "higher_is_better",
+    "metrics", "samples", "raw"}}, "results"}: `metrics` are `eval/<task>/<label>` for every
+    number lm-eval returned, `samples` the per-item values of the primary metric, `results`
+    lm-eval's output minus samples, as plain JSON.
+
+    The model is put in eval mode for the call and its previous mode restored; lm-eval seeds
+    the global RNGs (python, numpy, torch) for a reproducible evaluation, and their previous
+    states are restored afterwards. `device` is where the model already lives (an in-memory
+    model is never moved; HFLM takes the device from the model).
     """
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
-    manager = task_manager(task, include_path, data_dir)
+    with _preserved_rng_state():  # building a task may draw from the global RNGs too
+        built = load_tasks(tasks, include_path, data_dirs)
+    infos = {name: TaskInfo.of(task) for name, task in built.items()}
+    primaries = {name: resolve_primary(info, (metrics or {}).get(name)) for name, info in infos.items()}
     was_training = model.training
     model.eval()
     try:
         with _quiet_lm_eval(), _preserved_rng_state():
-            tasks = list(manager.load([task])["tasks"].values())  # built once, handed to lm-eval
-            if data_dir is not None:
-                _check_honours_data_dir(tasks)
             lm = HFLM(
                 pretrained=model,
                 tokenizer=tokenizer,
@@ -139,13 +172,18 @@ def evaluate_model(
             )
             out = simple_evaluate(
                 model=lm,
-                tasks=tasks,
+                tasks=list(built.values()),
                 num_fewshot=num_fewshot,
                 limit=limit,
-                task_manager=manager,
                 log_samples=True,  # per-item values: the report pairs policies on items
-                # >0 or lm-eval reports no stderr at all; `acc` (a mean) gets the closed form,
-                # only bootstrappable metrics of other tasks resample
+                apply_chat_template=apply_chat_template,
+                fewshot_as_multiturn=fewshot_as_multiturn,
+                system_instruction=system_instruction,
+                # the tasks are built already: a manager over fp8lab's folders only, so lm-eval
+                # does not index its ~15k YAMLs again
+                task_manager=_task_manager(_include_paths(include_path), False, None),
+                # >0 or lm-eval reports no stderr at all; means get the closed form, only
+                # bootstrappable metrics (perplexities, ...) resample
                 bootstrap_iters=1000,
             )
     finally:
@@ -153,34 +191,51 @@ def evaluate_model(
 
     if out is None:  # only on non-zero ranks of a distributed run
         raise RuntimeError("lm-eval returned no results")
-    results = out["results"]
-    name = task if task in results else next(iter(results))
-    raw = results[name]
-    metric_key = _metric_key(raw, name)
-    n_samples = out.get("n-samples", {})
-    n = n_samples[name]["effective"] if name in n_samples else sum(v["effective"] for v in n_samples.values())
-    stderr = raw.get(metric_key.replace(",", "_stderr,", 1))
+    per_task = {name: _task_outcome(name, out, primaries[name], built[name], infos[name]) for name in built}
+    return {"tasks": per_task, "results": results_payload(out)}
+
+
+def _task_outcome(name: str, out: dict[str, Any], key: str, task: Any, info: TaskInfo) -> dict[str, Any]:
+    raw = out["results"][name]
+    if key not in raw:  # declared but not produced (a process_results that skips it)
+        raise ValueError(f"task {name!r} returned no {metric_label(key)!r} (it returned: "
+                         f"{', '.join(sorted(metric_label(k) for k in raw if ',' in k and '_stderr' not in k))})")
+    metric = key.partition(",")[0]
+    stderr = raw.get(key.replace(",", "_stderr,", 1))
     return {
-        "accuracy": float(raw[metric_key]),
-        "accuracy_stderr": float(stderr) if isinstance(stderr, (int, float)) else float("nan"),
-        "task": name,
-        "n": int(n),
+        "primary": metric_label(key),
+        "value": float(raw[key]),
+        "stderr": float(stderr) if isinstance(stderr, (int, float)) else float("nan"),
+        "n": int(out.get("n-samples", {}).get(name, {}).get("effective", 0)),
+        "higher_is_better": bool(info.higher_is_better.get(metric, True)),
+        "metrics": task_metrics(name, raw),
+        "samples": item_values(out.get("samples", {}).get(name, []), key, task.aggregation().get(metric)),
         "raw": raw,
-        "samples": item_values(out.get("samples", {}).get(name, []), metric_key),
-        "results": results_payload(out),
     }
 
 
-def item_values(logged: list[dict[str, Any]], metric_key: str) -> list[dict[str, Any]]:
-    """lm-eval's logged samples -> one `{"doc_id", "metric", "value"}` row per document, for
-    the metric `metric_key` ("acc,none", "exact_match,strict-match"): lm-eval logs every
-    document once per filter, so only the rows of that metric's filter are kept. The metric
-    is named without lm-eval's "none" filter suffix ("acc", "exact_match,strict-match")."""
-    metric, _, filter_key = metric_key.partition(",")
-    name = metric if filter_key in ("", "none") else metric_key
-    rows = [{"doc_id": int(s["doc_id"]), "metric": name, "value": float(s[metric])}
-            for s in logged if s.get("filter", "none") == (filter_key or "none") and metric in s]
-    return sorted(rows, key=lambda r: r["doc_id"])
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    *,
+    task: str = EMBEDDED_TASK,
+    data_dir: str | Path | None = None,
+    include_path: str | Path | list[str | Path] | None = None,
+    limit: int | None = None,
+    batch_size: int = 32,
+    num_fewshot: int | None = 0,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """One task through `evaluate_tasks`, its primary metric as "accuracy" (kept for callers
+    that score a single multiple-choice task, e.g. an exported model).
+
+    Returns {"accuracy", "accuracy_stderr", "task", "n", "raw", "samples", "results"}."""
+    data_dirs = {task: data_dir} if data_dir is not None else None
+    out = evaluate_tasks(model, tokenizer, [task], data_dirs=data_dirs, include_path=include_path,
+                         limit=limit, batch_size=batch_size, num_fewshot=num_fewshot, device=device)
+    name, one = next(iter(out["tasks"].items()))
+    return {"accuracy": one["value"], "accuracy_stderr": one["stderr"], "task": name, "n": one["n"],
+            "raw": one["raw"], "samples": one["samples"], "results": out["results"]}
 
 
 def results_payload(out: dict[str, Any]) -> dict[str, Any]:
@@ -190,15 +245,6 @@ def results_payload(out: dict[str, Any]) -> dict[str, Any]:
 
     kept = {k: v for k, v in out.items() if k != "samples"}
     return json.loads(json.dumps(kept, default=handle_non_serializable))
-
-
-def _metric_key(raw: dict[str, Any], task: str) -> str:
-    keys = [k for k in raw if k.split(",")[0] == METRIC]
-    if not keys:
-        metrics = sorted({k.split(",")[0] for k in raw if "," in k and "_stderr" not in k})
-        raise ValueError(f"task {task!r} reports no {METRIC!r} metric (it reports {metrics}); "
-                         "fp8lab needs a multiple-choice task with metric `acc`")
-    return keys[0]
 
 
 def _check_honours_data_dir(tasks: list[Any]) -> None:

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from workloads.eval_preflight import check_eval_tasks
+
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.pt")
-EMBEDDED_TASK = "fp8lab_embedded"
 
 
 def check_config(config: dict[str, Any]) -> list[str]:
@@ -27,7 +28,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
         problems += check_model_policy(config["model"], config["precision"])
     problems += check_device(config["train"], config["cluster"])
     problems += check_output(config["trial"].get("output"))
-    problems += check_eval_task(config["eval"])
+    problems += check_eval_tasks(config)
     return problems
 
 
@@ -179,23 +180,6 @@ def _detected_gpus() -> int:
         import torch
 
         return torch.cuda.device_count()
-
-
-def check_eval_task(eval_cfg: dict[str, Any]) -> list[str]:
-    """The embedded task ships with fp8lab; any other name is looked up in lm-eval (slow: ~10 s)."""
-    if eval_cfg["task"] == EMBEDDED_TASK and not eval_cfg.get("include_path"):
-        return []
-    if eval_cfg.get("include_path") and not Path(eval_cfg["include_path"]).expanduser().is_dir():
-        return [f"eval.include_path: {eval_cfg['include_path']} is not a folder (fix: a folder of lm-eval task YAMLs)"]
-    from workloads.evaluate import check_task_exists
-
-    try:
-        check_task_exists(eval_cfg["task"], eval_cfg.get("include_path"))
-    except ValueError as exc:
-        fix = "" if "fix:" in str(exc) else (" (fix: a task `lm-eval ls tasks` lists, or eval.include_path=<a folder of "
-                                              "task YAMLs> for your own)")
-        return [f"eval.task: {exc}{fix}"]
-    return []
 
 
 def check_many(configs: list[dict[str, Any]]) -> list[str]:

@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from workloads import data as data_mod
-from workloads.evaluate import embedded_paths, evaluate_model
+from workloads.eval_metrics import (PRIMARY_MEAN, configured_tasks, eval_data_dirs, primary_figure, safe_name,
+                                    task_metrics)
+from workloads.evaluate import embedded_paths, evaluate_tasks
 from workloads.checkpoint import Checkpointer
 from workloads.faults import FaultInjector
 from workloads.memory import PeakMemory
@@ -212,36 +214,45 @@ def _train_metrics(train: TrainResult, memory: PeakMemory, handle: Any) -> dict[
 
 def _evaluate(model: Any, tokenizer: Any, config: dict[str, Any], device: torch.device,
               prefix: str = "eval/", logger: MlflowTrialLogger | None = None) -> dict[str, float]:
-    """Metrics of one evaluation; with a logger, also lm-eval's results and per-item samples as
-    artifacts (`eval/results.json`, `eval/samples/<task>.jsonl`) for paired statistics."""
-    ev, data = config["eval"], config["data"]
+    """Metrics of one evaluation of every configured task: `<prefix>accuracy` (+ stderr) is the
+    primary figure `eval.primary` chooses, `eval/<task>/<metric>` (+ stderr) every number
+    lm-eval returned (`eval/base/<task>/...` before training). With a logger, also lm-eval's
+    results and per-item samples as artifacts (`eval/results.json`,
+    `eval/samples/<task>.jsonl`) for paired statistics."""
+    ev = config["eval"]
+    names = configured_tasks(ev)
     started = time.perf_counter()
     model.eval()
     with torch.no_grad():
-        out = evaluate_model(
-            model, tokenizer, task=ev["task"],
-            data_dir=_eval_data_dir(data["path"], ev["task"]),
+        out = evaluate_tasks(
+            model, tokenizer, names, metrics=ev.get("metrics") or {},
+            data_dirs=eval_data_dirs(config["data"]["path"], names),
             include_path=ev["include_path"], limit=ev["limit"], batch_size=ev["batch_size"],
-            num_fewshot=ev["num_fewshot"], device=str(device),
+            num_fewshot=ev["num_fewshot"], apply_chat_template=ev.get("apply_chat_template", False),
+            fewshot_as_multiturn=ev.get("fewshot_as_multiturn", False),
+            system_instruction=ev.get("system_instruction"), device=str(device),
         )
+    aggregate = ev.get("primary") or PRIMARY_MEAN
     if logger is not None:
-        _log_eval_artifacts(logger, out)
-    return {f"{prefix}accuracy": out["accuracy"], f"{prefix}accuracy_stderr": out["accuracy_stderr"],
-            f"{prefix}n": float(out["n"]), f"{prefix}wall_s": time.perf_counter() - started}
+        _log_eval_artifacts(logger, out, aggregate)
+    accuracy, stderr = primary_figure(out["tasks"], aggregate)
+    metrics = {f"{prefix}accuracy": accuracy, f"{prefix}accuracy_stderr": stderr,
+               f"{prefix}n": float(sum(t["n"] for t in out["tasks"].values()))}
+    for name, one in out["tasks"].items():
+        metrics.update(task_metrics(name, one["raw"], prefix if prefix == "eval/" else prefix.rstrip("_") + "/"))
+    metrics[f"{prefix}wall_s"] = time.perf_counter() - started
+    return metrics
 
 
-def _log_eval_artifacts(logger: MlflowTrialLogger, out: dict[str, Any]) -> None:
-    lines = "".join(json.dumps(row) + "\n" for row in out["samples"])
-    logger.log_text(lines, f"eval/samples/{out['task']}.jsonl")
+def _log_eval_artifacts(logger: MlflowTrialLogger, out: dict[str, Any], aggregate: str) -> None:
+    """Samples and results as artifacts; tags say which metric of each task is its primary one
+    (the report's per-task column) and what eval/accuracy aggregates."""
+    primaries = {safe_name(name): one["primary"] for name, one in out["tasks"].items()}
+    logger.set_tags({"fp8lab.eval_primary": json.dumps(primaries), "fp8lab.eval_aggregate": aggregate})
+    for name, one in out["tasks"].items():
+        lines = "".join(json.dumps(row) + "\n" for row in one["samples"])
+        logger.log_text(lines, f"eval/samples/{safe_name(name)}.jsonl")
     logger.log_dict(out["results"], "eval/results.json")
-
-
-def _eval_data_dir(data_path: str, task: str) -> str | None:
-    """The embedded task template scores a user's own JSONL folder (its test.jsonl); any other
-    task brings its own data."""
-    if task == "fp8lab_embedded" and data_path != "embedded" and Path(data_path).expanduser().is_dir():
-        return str(Path(data_path).expanduser())
-    return None
 
 
 def _log_telemetry(logger: MlflowTrialLogger, train: TrainResult) -> None:

@@ -118,6 +118,8 @@ CASES = [
          contains=["d/train.jsonl line 2 'prompt' is null", "d/validation.jsonl line 1 is not UTF-8",
                    "d/test.jsonl line 1 'choices' must be a list"]),
     Case("lm-eval-task-unknown", "trial", ["eval.task=no_such_task_xyz"], ["eval.task"], contains=["no_such_task_xyz"]),
+    Case("eval-task-and-tasks-together", "trial", ["eval.task=fp8lab_embedded", "eval.tasks=[fp8lab_embedded]"],
+         ["eval.task"]),
     Case("cuda-device-without-gpu", "trial", ["train.device=cuda"], ["train.device"]),
     Case("gpu-per-trial-without-gpu", "sweep", ["cluster.gpus_per_trial=1", *ONE_CELL], ["cluster.gpus_per_trial"]),
     Case("cluster-address-unreachable", "sweep", ["cluster.address=127.0.0.1:{port}", *ONE_CELL], ["cluster.address"],

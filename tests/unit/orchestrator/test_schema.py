@@ -66,3 +66,21 @@ def test_override_of_missing_key_is_one_line() -> None:
     with pytest.raises(UserInputError) as info:
         compose_config(["lora.rnk=3"])
     assert len(info.value.problems) == 1 and "lora.rnk" in info.value.problems[0]
+
+
+def test_eval_task_and_tasks_together_is_one_line() -> None:
+    problems = validate_config(_config("eval.task=arc_easy", "eval.tasks=[fp8lab_embedded,arc_easy]"))
+    assert len(problems) == 1 and problems[0].startswith("eval.task: set together with eval.tasks"), problems
+    assert validate_config(_config("eval.tasks=[fp8lab_embedded,arc_easy]", "eval.metrics={arc_easy: acc_norm}",
+                                   "eval.primary=arc_easy", "eval.num_fewshot=null")) == []
+
+
+@pytest.mark.parametrize("overrides,start", [
+    (["eval.tasks=[]"], "eval.tasks: must be a non-empty list"),
+    (["eval.tasks=[a,a]"], "eval.tasks: must be a non-empty list of distinct"),
+    (["eval.metrics={a: 3}"], "eval.metrics: must be a mapping"),
+    (["eval.fewshot_as_multiturn=true"], "eval.fewshot_as_multiturn: needs a chat template"),
+])
+def test_eval_section_rules(overrides: list[str], start: str) -> None:
+    problems = validate_config(_config(*overrides))
+    assert len(problems) == 1 and problems[0].startswith(start), problems
