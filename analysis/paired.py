@@ -250,7 +250,7 @@ def binomial_seeds(
         notes.append("item noise unknown (no accuracy_stderr)")
     terms = seed_terms + item_terms
     var = sum(v for v, _ in terms)
-    if not terms or var <= 0:
+    if (len(seed_terms) < 2 and len(item_terms) < 2) or var <= 0:  # a side would count as noise-free
         return Comparison(
             delta, NAN, NAN, NAN, NAN, NAN, NAN, margin, BINOMIAL, nx, ny, items or 0, False, None,
             "; ".join(notes) or "zero variance: no test",
@@ -263,10 +263,11 @@ def binomial_seeds(
     h2 = float(t.ppf(confidence)) * se  # one-sided at alpha = the (1 - 2 alpha) two-sided interval
     p = float(2 * t.sf(abs(delta) / se))
     tost = max(float(t.sf((delta + margin) / se)), float(t.cdf((delta - margin) / se)))
-    seed_var = sum(v * (len_ + 1) for v, len_ in seed_terms)  # back to per-seed variance (s²)
-    parts = VarianceParts(seed_var, (item_a + item_b) * (items or 1), 0.0, max(nx, ny), items or 1) if (
-        len(seed_terms) == 2 and len(item_terms) == 2
-    ) else None
+    parts = None
+    if len(seed_terms) == 2:  # per-seed variances (s²) and per-item variance (se² x items) of both sides
+        seed_var = sum(v * (dof + 1) for v, dof in seed_terms)
+        item_var = (item_a + item_b) * items if len(item_terms) == 2 and items else 0.0
+        parts = VarianceParts(seed_var, item_var, 0.0, min(nx, ny), items or 1)
     return Comparison(
         delta, delta - h, delta + h, p, tost, delta - h2, delta + h2, margin, BINOMIAL, nx, ny,
         items or 0, False, parts, "; ".join(notes),
@@ -307,8 +308,8 @@ def needed(c: Comparison, alpha: float) -> str:
     s, n = c.parts.seeds_needed(se), c.parts.items_needed(se)
     bits = []
     if s is not None:
-        bits.append(f"~{s} seeds at {c.parts.items} items")
-    if n is not None:
+        bits.append(f"~{s} seeds" + (f" at {c.parts.items} items" if c.parts.item > 0 else ""))
+    if n is not None and c.parts.item + c.parts.residual > 0:
         bits.append(f"~{n} items at {c.parts.seeds} seeds")
     if not bits:
         return f"{goal} needs more seeds *and* more items (neither alone suffices)"
