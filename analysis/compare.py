@@ -28,6 +28,8 @@ class Evidence:
     samples: pd.DataFrame = field(default_factory=lambda: _EMPTY_SAMPLES)
     by_run: dict[str, dict[str, pd.Series]] = field(default_factory=dict)
     """run_id -> task -> per-item values indexed by doc_id (built from `samples`)."""
+    done: dict[tuple, Comparison] = field(default_factory=dict)
+    """Paired comparisons already computed (the aggregate is often one task's column too)."""
 
     @classmethod
     def of(cls, samples: pd.DataFrame | None) -> Evidence:
@@ -59,20 +61,24 @@ def _points(values: np.ndarray) -> np.ndarray:
     return values * 100.0 if finite.size and finite.min() >= 0 and finite.max() <= 1 else values
 
 
-def _item_rows(runs: pd.DataFrame, ev: Evidence, task: str | None) -> list[pd.Series] | None:
-    """Per-item values of each run for `task` (None: the run's only task), or None if any run lacks them."""
-    out = []
-    for rid in runs["run_id"]:
+def aggregate_task(runs: pd.DataFrame, ev: Evidence, value_col: str) -> str | None:
+    """The task whose per-item results are the aggregate `value_col` of every run, else None.
+
+    One task: that one. Several: the one whose item mean equals the run's aggregate in every run
+    (the aggregate the user chose is one task's primary metric); none or ambiguous -> None.
+    """
+    common: set[str] | None = None
+    for rid, value in zip(runs["run_id"], _points(runs[value_col].to_numpy(float)), strict=True):
         tasks = ev.by_run.get(str(rid), {})
-        if task is None:
-            if len(tasks) != 1:
-                return None
-            out.append(next(iter(tasks.values())))
-        elif task in tasks:
-            out.append(tasks[task])
-        else:
-            return None
-    return out
+        match = {t for t, s in tasks.items() if abs(float(_points(s.to_numpy(float)).mean()) - value) <= 0.05}
+        common = match if common is None else common & match
+    return next(iter(common)) if common and len(common) == 1 else None
+
+
+def _item_rows(runs: pd.DataFrame, ev: Evidence, task: str) -> list[pd.Series] | None:
+    """Per-item values of each run for `task`, or None if any run lacks them."""
+    rows = [ev.by_run.get(str(rid), {}).get(task) for rid in runs["run_id"]]
+    return None if any(r is None for r in rows) else rows  # type: ignore[return-value]
 
 
 def _matrix(rows: Sequence[pd.Series], items: pd.Index) -> np.ndarray:
@@ -82,6 +88,12 @@ def _matrix(rows: Sequence[pd.Series], items: pd.Index) -> np.ndarray:
 def _try_paired(
     x: pd.DataFrame, y: pd.DataFrame, ev: Evidence, task: str | None, value_col: str, options: ReportOptions, label: str
 ) -> Comparison | None:
+    task = task or aggregate_task(pd.concat([x, y]), ev, value_col)
+    if task is None:
+        return None
+    key = (tuple(x["run_id"]), tuple(y["run_id"]), task)
+    if key in ev.done:  # same runs, same items: the same comparison
+        return ev.done[key]
     rx, ry = _item_rows(x, ev, task), _item_rows(y, ev, task)
     if not rx or not ry:
         return None
@@ -99,7 +111,7 @@ def _try_paired(
     if paired:
         by_seed_y = dict(zip(seeds_y, ry, strict=True))
         ry = [by_seed_y[s] for s in seeds_x]
-    return paired_bootstrap(
+    ev.done[key] = paired_bootstrap(
         _matrix(rx, items),
         _matrix(ry, items),
         paired_seeds=paired,
@@ -108,6 +120,7 @@ def _try_paired(
         reps=options.bootstrap_reps,
         seed=stable_seed(options.bootstrap_seed, label),
     )
+    return ev.done[key]
 
 
 def compare(
@@ -122,8 +135,8 @@ def compare(
 ) -> Comparison:
     """mean(x) - mean(y) of `value_col` over counted trials, in points, with the best method available.
 
-    `task`: compare that task's per-item results (per-task columns); None: the runs' only task
-    (the aggregate `eval/accuracy`, which is that task's primary metric when there is one task).
+    `task`: compare that task's per-item results (per-task columns); None: the task whose items make
+    up the aggregate `eval/accuracy` (see `aggregate_task`).
     """
     x, y = _counted(x_sub, value_col), _counted(y_sub, value_col)
     if len(x) and len(y) and ev.by_run:

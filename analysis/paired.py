@@ -124,14 +124,24 @@ def _seed_counts(rng: np.random.Generator, reps: int, s: int) -> np.ndarray:
     return rng.multinomial(s, np.full(s, 1.0 / s), size=reps).astype(float)
 
 
-def _bootstrap(x: np.ndarray, y: np.ndarray, paired: bool, reps: int, seed: int, chunk: int = 2000) -> np.ndarray:
-    """Replicates of mean(x) - mean(y) for seeds x items matrices sharing their item columns."""
+def _bootstrap(x: np.ndarray, y: np.ndarray, paired: bool, reps: int, seed: int) -> np.ndarray:
+    """Replicates of mean(x) - mean(y) for seeds x items matrices sharing their item columns.
+
+    Items whose columns (every seed's score on both sides) are identical are interchangeable, so
+    the items are drawn as counts of the distinct columns (a multinomial), which is the same
+    resampling and much cheaper for 0/1 scores (a few dozen distinct columns instead of hundreds).
+    """
     rng = np.random.default_rng(seed)
     n = x.shape[1]
+    cols, counts = np.unique(np.vstack([x, y]).T, axis=0, return_counts=True)
+    grouped = cols.shape[0] < n // 2
+    chunk = 10_000 if grouped else 2000  # memory: chunk x columns weights
+    if grouped:
+        x, y = cols[:, : x.shape[0]].T, cols[:, x.shape[0] :].T
     out = np.empty(reps)
     for start in range(0, reps, chunk):
         k = min(chunk, reps - start)
-        w = _item_counts(rng, k, n) / n  # k x n
+        w = (rng.multinomial(n, counts / n, size=k) if grouped else _item_counts(rng, k, n)) / n
         vx = _seed_counts(rng, k, x.shape[0]) / x.shape[0]
         vy = vx if paired else _seed_counts(rng, k, y.shape[0]) / y.shape[0]
         mx = w @ x.T  # k x seeds: each seed's mean over the resampled items

@@ -193,8 +193,8 @@ def _telemetry_cols(sub: pd.DataFrame) -> dict[str, Any]:
 
 
 def _backend_cols(sub: pd.DataFrame) -> dict[str, Any]:
-    lines = sorted({line.strip() for v in sub.get("deviations", pd.Series(dtype=str)) for line in str(v).split(";")}
-                   - {""})  # fmt: skip
+    seen = (line.strip() for v in sub.get("deviations", pd.Series(dtype=str)) for line in str(v).split(";"))
+    lines = [line for line in dict.fromkeys(seen) if line]  # first-seen order: the backend's own order
     return {
         "emulated": bool(sub["emulated"].any()),
         "backend": _uniq(sub, "backend"),
