@@ -102,6 +102,11 @@ def quality_table(summary: pd.DataFrame, options: ReportOptions) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
+def _plain(mean: object, low: object, high: object, n: object, digits: int) -> str:
+    """Mean ± half-width, saying 'zero variance over n seeds' rather than a bare '± 0.0'."""
+    return fmt.spread(mean, low, high, int(n or 0), fmt.num(mean, digits), 2, digits)
+
+
 def speed_table(summary: pd.DataFrame, options: ReportOptions) -> pd.DataFrame:
     base = options.baseline_policy
     rows = []
@@ -110,13 +115,13 @@ def speed_table(summary: pd.DataFrame, options: ReportOptions) -> pd.DataFrame:
         rows.append(
             {
                 "configuration": r["group"],
-                "tokens/s" + (" (emulated FP8)" if summary["emulated"].any() else ""): fmt.pm(
-                    r["tps_mean"], r["tps_low"], r["tps_high"], 1
+                "tokens/s" + (" (emulated FP8)" if summary["emulated"].any() else ""): _plain(
+                    r["tps_mean"], r["tps_low"], r["tps_high"], r["n_tps"], 1
                 ),
                 f"throughput × {base} [{options.confidence:.0%} CI]": "1.00x (baseline)"
                 if is_base
                 else fmt.ratio(r["tps_ratio"], r["tps_ratio_low"], r["tps_ratio_high"]),
-                "peak memory, GiB": fmt.pm(r["mem_gib_mean"], r["mem_gib_low"], r["mem_gib_high"], 2),
+                "peak memory, GiB": _plain(r["mem_gib_mean"], r["mem_gib_low"], r["mem_gib_high"], r["n_mem"], 2),
                 f"memory × {base} [{options.confidence:.0%} CI]": "1.00x (baseline)"
                 if is_base
                 else fmt.ratio(r["mem_ratio"], r["mem_ratio_low"], r["mem_ratio_high"]),

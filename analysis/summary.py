@@ -172,7 +172,7 @@ def _speed_cols(sub: pd.DataFrame, options: ReportOptions) -> dict[str, Any]:
     mem = mean_ci(_vals(sub, "peak_bytes", 1.0 / GIB), options.confidence, (0.0, math.inf))
     return {
         "n_tps": tps.n, "tps_mean": tps.mean, "tps_low": tps.low, "tps_high": tps.high,
-        "mem_gib_mean": mem.mean, "mem_gib_low": mem.low, "mem_gib_high": mem.high,
+        "n_mem": mem.n, "mem_gib_mean": mem.mean, "mem_gib_low": mem.low, "mem_gib_high": mem.high,
     }  # fmt: skip
 
 
@@ -321,7 +321,7 @@ def _quality_phrase(row: Mapping[Any, Any], options: ReportOptions) -> str:
     if not fmt.ok(row["acc_mean"]):
         return "no accuracy measured"
     if not fmt.ok(d):
-        return f"accuracy {acc_text(row, options)}% (no {base} baseline to compare)"
+        return f"accuracy (%) {acc_text(row, options)} (no {base} baseline to compare)"
     ci = fmt.interval(lo, hi, 1)
     how = _evidence_text(row)
     sig, equiv = _sig(row["significant"]), _sig(row.get("equivalent"))
@@ -331,13 +331,13 @@ def _quality_phrase(row: Mapping[Any, Any], options: ReportOptions) -> str:
         word = "better" if float(d) > 0 else "worse"
         phrase = (
             f"accuracy {fmt.num(abs(float(d)))} points {word} than {base}, {options.confidence:.0%} CI {ci} "
-            f"(Holm-corrected p={fmt.pvalue(row['p_holm'])}; {how})"
+            f"(Holm-corrected {fmt.p_eq(row['p_holm'])}; {how})"
         )
     elif equiv:
         phrase = (
             f"as good as {base} within ±{m:g} points: Δ {fmt.num(d, 1, True)}, "
             f"{1 - 2 * options.alpha:.0%} CI {fmt.interval(row['tost_low'], row['tost_high'], 1)} inside the margin "
-            f"(TOST, Holm-corrected p={fmt.pvalue(row['tost_p_holm'])}; {how})"
+            f"(TOST, Holm-corrected {fmt.p_eq(row['tost_p_holm'])}; {how})"
         )
     else:
         phrase = (
@@ -370,11 +370,12 @@ def verdict_lines(
         r = row.to_dict()
         speed_note = f" ({EMULATED_NOTE})" if r["emulated"] else ""
         if r["policy"] == options.baseline_policy:
-            parts = [f"baseline: accuracy {acc_text(r, options)}%", f"{fmt.si(r['tps_mean'])} tokens/s{speed_note}"]
+            parts = [f"baseline: accuracy (%) {acc_text(r, options)}", f"{fmt.si(r['tps_mean'])} tokens/s{speed_note}"]
         else:
             parts = [_quality_phrase(r, options)]
-            if loses_accuracy(r, options):
+            if loses_accuracy(r, options):  # the mechanism phrase then carries the collapse finding
                 parts.append(mechanism_phrase(r, options, mechanisms))
+                r["lora_std_min"] = math.nan
             if fmt.ok(r["tps_ratio"]):
                 ci = fmt.interval(r["tps_ratio_low"], r["tps_ratio_high"])
                 parts.append(f"{fmt.num(r['tps_ratio'], 2)}x its throughput" + (f" {ci}" if ci else "") + speed_note)
@@ -545,8 +546,8 @@ def ablation_lines(ablations: pd.DataFrame, options: ReportOptions) -> list[str]
             continue
         sig = _sig(r["significant"])
         tag = "no test: " + str(r["note"]) if sig is None else (
-            f"significant, Holm-corrected p={fmt.pvalue(r['p_holm'])}" if sig else
-            f"not significant, Holm-corrected p={fmt.pvalue(r['p_holm'])}"
+            f"significant, Holm-corrected {fmt.p_eq(r['p_holm'])}" if sig else
+            f"not significant, Holm-corrected {fmt.p_eq(r['p_holm'])}"
         )  # fmt: skip
         eff = fmt.num(r["effect_pts"], 1, True)
         ci = fmt.interval(r["effect_low"], r["effect_high"], 1)

@@ -218,5 +218,6 @@ def test_collapse_detector_flags_lora_weights_that_never_moved() -> None:
     trials.loc[trials["policy"] == "bf16", "lora_std_min"] = 5e-3
     trials.loc[trials["policy"] == "fp8_naive", "lora_std_min"] = 0.0
     lines = dict(line.split(": ", 1) for line in verdict_lines(build_summary(trials, ReportOptions()), ReportOptions()))
-    assert "LoRA collapse detector fired" in lines["fp8_naive"]
+    assert "adapters frozen at init" in lines["fp8_naive"]  # the mechanism of the loss, said once
+    assert "LoRA collapse detector fired" not in lines["fp8_naive"]
     assert "collapse" not in lines["bf16"]
