@@ -9,7 +9,7 @@ the result and in the report.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,24 +61,39 @@ def _points(values: np.ndarray) -> np.ndarray:
     return values * 100.0 if finite.size and finite.min() >= 0 and finite.max() <= 1 else values
 
 
-def aggregate_task(runs: pd.DataFrame, ev: Evidence, value_col: str) -> str | None:
-    """The task whose per-item results are the aggregate `value_col` of every run, else None.
+def _run_mean(tasks: Mapping[str, pd.Series], names: Sequence[str]) -> float:
+    """A run's aggregate from its per-item results: the mean over `names` of each task's item mean."""
+    return float(np.mean([_points(tasks[t].to_numpy(float)).mean() for t in names]))
 
-    One task: that one. Several: the one whose item mean equals the run's aggregate in every run
-    (the aggregate the user chose is one task's primary metric); none or ambiguous -> None.
+
+def aggregate_tasks(runs: pd.DataFrame, ev: Evidence, value_col: str) -> list[str] | None:
+    """The tasks whose per-item results make up the aggregate `value_col` of every run, else None.
+
+    The aggregate the user chose (`eval/accuracy`) is one task's primary metric, or the mean of the
+    tasks' primary metrics; whichever reproduces every run's value (to 0.05 points) is used.
     """
-    common: set[str] | None = None
-    for rid, value in zip(runs["run_id"], _points(runs[value_col].to_numpy(float)), strict=True):
-        tasks = ev.by_run.get(str(rid), {})
-        match = {t for t, s in tasks.items() if abs(float(_points(s.to_numpy(float)).mean()) - value) <= 0.05}
-        common = match if common is None else common & match
-    return next(iter(common)) if common and len(common) == 1 else None
+    per_run = [ev.by_run.get(str(rid), {}) for rid in runs["run_id"]]
+    values = _points(runs[value_col].to_numpy(float))
+    if not per_run or not all(per_run):
+        return None
+    names = sorted(set.intersection(*(set(t) for t in per_run)))
+    fraction = [t for t in names if all(float(r[t].min()) >= 0 and float(r[t].max()) <= 1 for r in per_run)]
+    for candidate in [[t] for t in names] + ([fraction] if len(fraction) > 1 else []):
+        if all(abs(_run_mean(r, candidate) - v) <= 0.05 for r, v in zip(per_run, values, strict=True)):
+            return candidate
+    return None
 
 
-def _item_rows(runs: pd.DataFrame, ev: Evidence, task: str) -> list[pd.Series] | None:
-    """Per-item values of each run for `task`, or None if any run lacks them."""
-    rows = [ev.by_run.get(str(rid), {}).get(task) for rid in runs["run_id"]]
-    return None if any(r is None for r in rows) else rows  # type: ignore[return-value]
+def _block(x: pd.DataFrame, y: pd.DataFrame, ev: Evidence, task: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """seeds x common items matrices of one task for both sides (y's rows in x's seed order when paired)."""
+    rx = [ev.by_run[str(r)][task] for r in x["run_id"]]
+    ry = [ev.by_run[str(r)][task] for r in y["run_id"]]
+    items = rx[0].index
+    for r in [*rx[1:], *ry]:
+        items = items.intersection(r.index)
+    if len(items) < 2:
+        return None
+    return _matrix(rx, items), _matrix(ry, items)
 
 
 def _matrix(rows: Sequence[pd.Series], items: pd.Index) -> np.ndarray:
@@ -88,38 +103,33 @@ def _matrix(rows: Sequence[pd.Series], items: pd.Index) -> np.ndarray:
 def _try_paired(
     x: pd.DataFrame, y: pd.DataFrame, ev: Evidence, task: str | None, value_col: str, options: ReportOptions, label: str
 ) -> Comparison | None:
-    task = task or aggregate_task(pd.concat([x, y]), ev, value_col)
-    if task is None:
+    both = pd.concat([x, y])
+    tasks = [task] if task else aggregate_tasks(both, ev, value_col)
+    if not tasks or not all(t in ev.by_run.get(str(r), {}) for r in both["run_id"] for t in tasks):
         return None
-    key = (tuple(x["run_id"]), tuple(y["run_id"]), task)
-    if key in ev.done:  # same runs, same items: the same comparison
-        return ev.done[key]
-    rx, ry = _item_rows(x, ev, task), _item_rows(y, ev, task)
-    if not rx or not ry:
+    if task and not all(  # per-item results must be the numbers the report shows
+        abs(_run_mean(ev.by_run[str(r)], tasks) - v) <= 0.05
+        for r, v in zip(both["run_id"], _points(both[value_col].to_numpy(float)), strict=True)
+    ):
         return None
-    items = rx[0].index
-    for r in [*rx[1:], *ry]:
-        items = items.intersection(r.index)
-    if len(items) < 2:
-        return None
-    for rows, runs in ((rx, x), (ry, y)):  # per-item results must be the numbers the report shows
-        means = [float(_points(r.to_numpy(float)).mean()) for r in rows]
-        if not np.allclose(means, _points(runs[value_col].to_numpy(float)), atol=0.05):
-            return None
     seeds_x, seeds_y = x["seed"].tolist(), y["seed"].tolist()
     paired = sorted(seeds_x) == sorted(seeds_y) and len(set(seeds_x)) == len(seeds_x)
     if paired:
-        by_seed_y = dict(zip(seeds_y, ry, strict=True))
-        ry = [by_seed_y[s] for s in seeds_x]
-    ev.done[key] = paired_bootstrap(
-        _matrix(rx, items),
-        _matrix(ry, items),
-        paired_seeds=paired,
-        margin=options.equivalence_margin_pts,
-        confidence=options.confidence,
-        reps=options.bootstrap_reps,
-        seed=stable_seed(options.bootstrap_seed, label),
-    )
+        y = y.set_index("seed", drop=False).loc[seeds_x]
+    key = (tuple(x["run_id"]), tuple(y["run_id"]), tuple(tasks))
+    if key not in ev.done:  # same runs, same items: the same comparison (aggregate = one task's column)
+        blocks = [_block(x, y, ev, t) for t in tasks]
+        if any(b is None for b in blocks):
+            return None
+        ev.done[key] = paired_bootstrap(
+            [b[0] for b in blocks],  # type: ignore[index]
+            [b[1] for b in blocks],  # type: ignore[index]
+            paired_seeds=paired,
+            margin=options.equivalence_margin_pts,
+            confidence=options.confidence,
+            reps=options.bootstrap_reps,
+            seed=stable_seed(options.bootstrap_seed, label),
+        )
     return ev.done[key]
 
 
@@ -135,8 +145,8 @@ def compare(
 ) -> Comparison:
     """mean(x) - mean(y) of `value_col` over counted trials, in points, with the best method available.
 
-    `task`: compare that task's per-item results (per-task columns); None: the task whose items make
-    up the aggregate `eval/accuracy` (see `aggregate_task`).
+    `task`: compare that task's per-item results (per-task columns); None: the task(s) whose items
+    make up the aggregate `eval/accuracy` (see `aggregate_tasks`).
     """
     x, y = _counted(x_sub, value_col), _counted(y_sub, value_col)
     if len(x) and len(y) and ev.by_run:

@@ -124,29 +124,40 @@ def _seed_counts(rng: np.random.Generator, reps: int, s: int) -> np.ndarray:
     return rng.multinomial(s, np.full(s, 1.0 / s), size=reps).astype(float)
 
 
-def _bootstrap(x: np.ndarray, y: np.ndarray, paired: bool, reps: int, seed: int) -> np.ndarray:
-    """Replicates of mean(x) - mean(y) for seeds x items matrices sharing their item columns.
+def _columns(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+    """(x, y, counts, items): identical item columns merged when that makes them much fewer.
 
     Items whose columns (every seed's score on both sides) are identical are interchangeable, so
-    the items are drawn as counts of the distinct columns (a multinomial), which is the same
-    resampling and much cheaper for 0/1 scores (a few dozen distinct columns instead of hundreds).
+    drawing counts of the distinct columns (a multinomial) is the same resampling, and far cheaper
+    for 0/1 scores (a few dozen distinct columns instead of hundreds of items).
     """
-    rng = np.random.default_rng(seed)
     n = x.shape[1]
     cols, counts = np.unique(np.vstack([x, y]).T, axis=0, return_counts=True)
-    grouped = cols.shape[0] < n // 2
-    chunk = 10_000 if grouped else 2000  # memory: chunk x columns weights
-    if grouped:
-        x, y = cols[:, : x.shape[0]].T, cols[:, x.shape[0] :].T
+    if cols.shape[0] < n // 2:
+        return cols[:, : x.shape[0]].T, cols[:, x.shape[0] :].T, counts / n, n
+    return x, y, None, n
+
+
+def _bootstrap(blocks: Sequence[tuple[np.ndarray, np.ndarray]], paired: bool, reps: int, seed: int) -> np.ndarray:
+    """Replicates of the mean over blocks (tasks) of mean(x) - mean(y).
+
+    Each block is a seeds x items pair sharing its item columns. A replicate draws the seeds once
+    (the same seeds for every task: a seed is one trained model) and the items of each task.
+    """
+    rng = np.random.default_rng(seed)
+    prepared = [_columns(x, y) for x, y in blocks]
+    sx, sy = blocks[0][0].shape[0], blocks[0][1].shape[0]
+    chunk = 10_000 if all(p[2] is not None for p in prepared) else 2000  # memory: chunk x columns
     out = np.empty(reps)
     for start in range(0, reps, chunk):
         k = min(chunk, reps - start)
-        w = (rng.multinomial(n, counts / n, size=k) if grouped else _item_counts(rng, k, n)) / n
-        vx = _seed_counts(rng, k, x.shape[0]) / x.shape[0]
-        vy = vx if paired else _seed_counts(rng, k, y.shape[0]) / y.shape[0]
-        mx = w @ x.T  # k x seeds: each seed's mean over the resampled items
-        my = w @ y.T
-        out[start : start + k] = (vx * mx).sum(axis=1) - (vy * my).sum(axis=1)
+        vx = _seed_counts(rng, k, sx) / sx
+        vy = vx if paired else _seed_counts(rng, k, sy) / sy
+        total = np.zeros(k)
+        for x, y, probs, n in prepared:
+            w = (rng.multinomial(n, probs, size=k) if probs is not None else _item_counts(rng, k, n)) / n
+            total += (vx * (w @ x.T)).sum(axis=1) - (vy * (w @ y.T)).sum(axis=1)  # each seed's item mean
+        out[start : start + k] = total / len(prepared)
     return out
 
 
@@ -191,8 +202,8 @@ def _anova(d: np.ndarray) -> VarianceParts:
 
 
 def paired_bootstrap(
-    x: np.ndarray,
-    y: np.ndarray,
+    x: np.ndarray | Sequence[np.ndarray],
+    y: np.ndarray | Sequence[np.ndarray],
     *,
     paired_seeds: bool,
     margin: float,
@@ -202,26 +213,34 @@ def paired_bootstrap(
 ) -> Comparison:
     """Crossed bootstrap of mean(x) - mean(y), in the units of x and y (points).
 
-    x, y: seeds x items matrices of per-item scores with the *same* item columns; with
+    x, y: seeds x items matrices of per-item scores with the *same* item columns — or lists of
+    them, one per task, for an aggregate that is the mean of the tasks' scores; with
     `paired_seeds`, row k of x and row k of y are the same seed.
     """
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1] or x.shape[1] == 0 or not x.size or not y.size:
-        return _none("no paired items", margin, PAIRED, len(x), len(y))
-    if paired_seeds and x.shape != y.shape:
+    xs = [np.asarray(a, float) for a in (x if isinstance(x, (list, tuple)) else [x])]
+    ys = [np.asarray(b, float) for b in (y if isinstance(y, (list, tuple)) else [y])]
+    ok = len(xs) == len(ys) and all(
+        a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[1] and a.shape[1] and a.size and b.size
+        and a.shape[0] == xs[0].shape[0] and b.shape[0] == ys[0].shape[0]
+        for a, b in zip(xs, ys, strict=False)
+    )  # fmt: skip
+    if not ok or not xs:
+        return _none("no paired items", margin, PAIRED, len(xs[0]) if xs else 0, len(ys[0]) if ys else 0)
+    if paired_seeds and xs[0].shape[0] != ys[0].shape[0]:
         raise ValueError("paired seeds need the same number of seeds on both sides")
-    delta = float(x.mean() - y.mean())
-    boot = _bootstrap(x, y, paired_seeds, reps, seed)
+    delta = float(np.mean([a.mean() - b.mean() for a, b in zip(xs, ys, strict=True)]))
+    boot = _bootstrap(list(zip(xs, ys, strict=True)), paired_seeds, reps, seed)
     alpha = 1.0 - confidence
     low, high = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
     tlow, thigh = np.quantile(boot, [alpha, 1 - alpha])
     p = min(1.0, 2.0 * min(_tail(boot, below=0.0), _tail(boot, above=0.0)))
     tost = max(_tail(boot, below=-margin), _tail(boot, above=margin))
-    parts = crossed_parts(x, y, paired_seeds)
+    parts = crossed_parts(np.hstack(xs), np.hstack(ys), paired_seeds)
     note = "" if np.ptp(boot) > 0 else "zero variance over seeds and items"
+    n_items = int(sum(a.shape[1] for a in xs))
     return Comparison(
         delta, float(low), float(high), p, tost, float(tlow), float(thigh), margin, PAIRED,
-        x.shape[0], y.shape[0], x.shape[1], paired_seeds, parts, note,
+        xs[0].shape[0], ys[0].shape[0], n_items, paired_seeds, parts, note,
     )  # fmt: skip
 
 

@@ -216,13 +216,15 @@ def _cost_cols(sub: pd.DataFrame, tps_mean: float, options: ReportOptions) -> di
 
 
 def primary_metrics(trials: pd.DataFrame, ev: Evidence) -> dict[str, str]:
-    """task -> the metric its column shows: the one its per-item results carry, else acc / exact_match / first."""
+    """task -> the metric its column shows: the one its per-item results carry (lm-eval's
+    'exact_match,strict-match' is logged as 'exact_match.strict-match'), else acc, else a strict
+    exact match, else the first."""
     out = {}
     for task, metrics in task_metrics(trials).items():
-        named = ev.metric_of(task)
+        named = ev.metric_of(task).replace(",", ".")
         pick = [m for m in metrics if m == named] or [m for m in metrics if m == "acc"]
-        pick = pick or [m for m in metrics if m.startswith("exact_match")] or metrics
-        out[task] = pick[0]
+        exact = sorted((m for m in metrics if m.startswith("exact_match")), key=lambda m: "strict" not in m)
+        out[task] = (pick or exact or metrics)[0]
     return out
 
 
@@ -433,7 +435,8 @@ def mechanism_phrase(r: Mapping[Any, Any], options: ReportOptions, mechanisms: p
         if mechanisms is not None and len(mechanisms) else pd.DataFrame()
     )  # fmt: skip
     if rungs.empty:
-        return text + f"; no mechanisms ladder from {r['policy']} in this store (run `experiment=mechanisms`)"
+        hint = " (run `experiment=mechanisms`)" if r["policy"] == options.naive_policy else ""
+        return text + f"; no ladder rung in this store adds a protection to {r['policy']}{hint}"
     rec = rungs[rungs["significant"].map(_sig).eq(True) & (rungs["effect_pts"] > 0)].sort_values("effect_pts")
     if rec.empty:
         return text + f"; none of the {len(rungs)} ladder rung(s) added to {r['policy']} recovers a significant amount"
@@ -576,7 +579,7 @@ def gap_lines(ablations: pd.DataFrame, options: ReportOptions) -> list[str]:
         if not (fmt.ok(gap["gap_pts"]) and float(gap["gap_pts"]) >= options.equivalence_margin_pts):
             continue
         where = f" [{key}]" if key and any(v.split("=", 1)[-1] for v in str(key).split("; ")) else ""
-        down = sub[(sub["direction"] == "down") & sub["share_of_gap"].map(fmt.ok)]
+        down = sub[(sub["direction"] == "down") & (sub["base"] == prot) & sub["share_of_gap"].map(fmt.ok)]
         if len(down):
             total = float(down["share_of_gap"].sum())
             if abs(total) < EXPLAINS_NOTHING:
@@ -588,7 +591,7 @@ def gap_lines(ablations: pd.DataFrame, options: ReportOptions) -> list[str]:
             else:
                 out.append(f"the {len(down)} protection(s) removed from {prot} together account for {total:.0%} of "
                            f"the {fmt.num(gap['gap_pts'])}-point gap{where} (protections interact; shares need not add up)")  # fmt: skip
-        up = sub[(sub["direction"] == "up") & sub["share_of_gap"].map(fmt.ok)]
+        up = sub[(sub["direction"] == "up") & (sub["base"] == naive) & sub["share_of_gap"].map(fmt.ok)]
         if len(up):
             best = up.sort_values("share_of_gap").iloc[-1]
             if float(best["share_of_gap"]) >= 0.5:

@@ -203,3 +203,18 @@ def test_report_on_40_runs_x_400_items_takes_seconds(tmp_path: Path) -> None:
     s = build_summary(tidy, ReportOptions(), evidence=ev)
     assert (s.loc[s["policy"] != "bf16", "method"] == "paired bootstrap").all()
     assert time.perf_counter() - t0 < 20.0
+
+
+def test_aggregate_that_is_the_mean_of_two_tasks_is_paired_on_both() -> None:
+    trials = []
+    for s in SEEDS:
+        for policy, a, b in (("bf16", _bf16(s), _items(s, 0.3, 7)), ("fp8_protected", _close_to_bf16(s), _items(s, 0.3, 7))):
+            t = _trial(policy, s, a, b)
+            trials.append(SynthTrial(**{**t.__dict__, "accuracy": (a.mean() + b.mean()) / 2}))  # eval.primary=mean
+    tidy = dedupe_trials(tidy_runs(_raw(trials)))[0]
+    s = build_summary(tidy, ReportOptions(bootstrap_reps=2000), evidence=Evidence.of(_samples(trials))).set_index("policy")
+    prot = s.loc["fp8_protected"]
+    assert prot["method"] == "paired bootstrap" and prot["items"] == 2 * N_ITEMS
+    expected = np.mean([(_close_to_bf16(k).mean() - _bf16(k).mean()) / 2 for k in SEEDS]) * 100
+    assert prot["delta_pts"] == pytest.approx(expected)
+    assert f"task.{TASK2}/exact_match_strict-match.mean" in s.columns
