@@ -218,3 +218,14 @@ def test_aggregate_that_is_the_mean_of_two_tasks_is_paired_on_both() -> None:
     expected = np.mean([(_close_to_bf16(k).mean() - _bf16(k).mean()) / 2 for k in SEEDS]) * 100
     assert prot["delta_pts"] == pytest.approx(expected)
     assert f"task.{TASK2}/exact_match_strict-match.mean" in s.columns
+
+
+def test_malformed_sample_lines_are_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from analysis.load import read_samples
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"doc_id": 0, "metric": "acc", "value": 1.0}\nnot json\n{"doc_id": 1}\n\n'
+                    '{"doc_id": "2", "metric": "acc", "value": 0}\n', encoding="utf-8")  # fmt: skip
+    frame = read_samples(path)
+    assert frame["doc_id"].tolist() == [0, 2] and frame["value"].tolist() == [1.0, 0.0]
+    assert "2 malformed line(s) skipped" in caplog.text
