@@ -1,4 +1,4 @@
-"""Training cost from measured throughput (SOURCES.md §3 economics), pure arithmetic.
+"""Training cost from measured throughput (docs/background.md §3 economics), pure arithmetic.
 
     TokensPerHour   = TPS * 3600 * N_gpu
     EffCostPerHour  = price * N_gpu / U

@@ -105,8 +105,14 @@ def _speed_note(summary: pd.DataFrame) -> str:
 # --------------------------------------------------------------------------- quality vs throughput
 
 
-def quality_vs_throughput(summary: pd.DataFrame, options: ReportOptions) -> list[FigureArtifact]:
-    """Accuracy vs tokens/s per group, CI error bars, Pareto front, the article's 5-point line."""
+def quality_vs_throughput(
+    summary: pd.DataFrame, options: ReportOptions, trials: pd.DataFrame | None = None
+) -> list[FigureArtifact]:
+    """Accuracy vs tokens/s per group, CI error bars, Pareto front, the article's 5-point line.
+
+    Groups with fewer than `low_evidence_seeds` seeds get their per-seed accuracies as small
+    hollow points instead of a t-interval (which two seeds cannot support).
+    """
     if summary.empty:
         return []
     ok = summary[np.isfinite(summary["acc_mean"].astype(float)) & np.isfinite(summary["tps_mean"].astype(float))]
@@ -123,7 +129,11 @@ def quality_vs_throughput(summary: pd.DataFrame, options: ReportOptions) -> list
     for _, r in ok.iterrows():
         x, y = float(r["tps_mean"]), float(r["acc_mean"])
         xerr = [[x - r["tps_low"]], [r["tps_high"] - x]] if fmt.ok(r["tps_low"]) else None
-        yerr = [[y - r["acc_low"]], [r["acc_high"] - y]] if fmt.ok(r["acc_low"]) else None
+        few = int(r["n_seeds"]) < options.low_evidence_seeds
+        yerr = [[y - r["acc_low"]], [r["acc_high"] - y]] if fmt.ok(r["acc_low"]) and not few else None
+        if few and trials is not None:
+            seeds = seed_values(trials, r, "accuracy") * 100.0
+            ax.plot([x] * len(seeds), seeds, "o", mfc="none", ms=5, color=colors[r["policy"]], alpha=0.8)
         marker = markers[tuple(str(r[a]) for a in axes)]
         ax.errorbar(
             x,
@@ -180,8 +190,9 @@ def quality_vs_throughput(summary: pd.DataFrame, options: ReportOptions) -> list
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     cap = (
-        f"Means over seeds with {options.confidence:.0%} t-intervals; dashed: Pareto front (no other "
-        "configuration is both faster and more accurate)."
+        f"Means over seeds with {options.confidence:.0%} t-intervals (clipped to [0, 100]); with fewer than "
+        f"{options.low_evidence_seeds} seeds, hollow points are the single seeds instead; dashed: Pareto front (no "
+        "other configuration is both faster and more accurate)."
     ) + _speed_note(summary)
     return [FigureArtifact("quality_vs_throughput", "Quality vs throughput", cap, _png(fig))]
 
@@ -189,14 +200,29 @@ def quality_vs_throughput(summary: pd.DataFrame, options: ReportOptions) -> list
 # --------------------------------------------------------------------------- loss curves
 
 
-def _band(stats: pd.DataFrame, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+def seed_values(trials: pd.DataFrame, row: pd.Series, col: str) -> np.ndarray:
+    """The counted per-seed values of `col` for the summary row's group (policy + axis values)."""
+    sel = trials[trials["counted"] & (trials["policy"] == row["policy"])]
+    for a in axis_columns(trials):
+        if a in row:
+            sel = sel[sel[a].astype(str) == str(row[a])]
+    v = sel[col].to_numpy(float)
+    return v[np.isfinite(v)]
+
+
+LOSS_FLOOR = 0.0
+"""A training loss (cross-entropy) is never negative: no band goes below it."""
+
+
+def _band(stats: pd.DataFrame, confidence: float, min_seeds: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """t-interval band where at least `min_seeds` seeds logged the step, clipped at the loss floor."""
     n = stats["count"].to_numpy(float)
     sd = stats["std"].to_numpy(float)
     mean = stats["mean"].to_numpy(float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        t = np.where(n >= 2, _st.t.ppf(0.5 + confidence / 2, np.maximum(n - 1, 1)), np.nan)
+        t = np.where(n >= max(min_seeds, 2), _st.t.ppf(0.5 + confidence / 2, np.maximum(n - 1, 1)), np.nan)
         h = t * sd / np.sqrt(n)
-    return mean - h, mean + h
+    return np.maximum(mean - h, LOSS_FLOOR), mean + h
 
 
 def loss_curves(trials: pd.DataFrame, history: pd.DataFrame, options: ReportOptions) -> list[FigureArtifact]:
@@ -229,9 +255,13 @@ def loss_curves(trials: pd.DataFrame, history: pd.DataFrame, options: ReportOpti
             st = sel[sel["policy"] == pol].groupby("step")["value"].agg(["mean", "std", "count"]).sort_index()
             n_runs = sel.loc[sel["policy"] == pol, "run_id"].nunique()
             ax.plot(st.index, st["mean"], color=colors[pol], lw=1.2, label=f"{pol} (n={n_runs})")
-            lo, hi = _band(st, options.confidence)
-            if np.isfinite(lo).any():
+            lo, hi = _band(st, options.confidence, options.low_evidence_seeds)
+            if np.isfinite(hi).any():
                 ax.fill_between(st.index, lo, hi, color=colors[pol], alpha=0.2, lw=0)
+            if n_runs < options.low_evidence_seeds:  # too few seeds for a band: show each seed
+                for _, one in sel[sel["policy"] == pol].groupby("run_id"):
+                    one = one.sort_values("step")
+                    ax.plot(one["step"], one["value"], color=colors[pol], lw=0.6, alpha=0.5, ls="--")
             dv = diverged[diverged["policy"] == pol]
             for col, val in zip(axes, key, strict=True):
                 dv = dv[dv[col] == val]
@@ -248,7 +278,8 @@ def loss_curves(trials: pd.DataFrame, history: pd.DataFrame, options: ReportOpti
     fig.suptitle(f"Training loss: mean over seeds, band = {options.confidence:.0%} t-interval", fontsize=10)
     cap = (
         f"`{options.loss_metric}` per optimizer step, mean over the counted seeds of each policy; shaded band: "
-        f"{options.confidence:.0%} t-interval where at least two seeds logged the step; x: divergence step."
+        f"{options.confidence:.0%} t-interval (never below a loss of 0) where at least {options.low_evidence_seeds} "
+        f"seeds logged the step; with fewer seeds, dashed lines are the single seeds; x: divergence step."
     )
     return [FigureArtifact("loss_curves", "Training loss curves", cap, _png(fig))]
 
@@ -586,7 +617,7 @@ def all_figures(
     telemetry table never costs the user the rest of the report.
     """
     builders: list[tuple[str, Callable[[], list[FigureArtifact]]]] = [
-        ("quality vs throughput", lambda: quality_vs_throughput(summary, options)),
+        ("quality vs throughput", lambda: quality_vs_throughput(summary, options, trials)),
         ("loss curves", lambda: loss_curves(trials, history, options)),
         ("memory", lambda: memory_bars(summary, options)),
     ]

@@ -34,6 +34,24 @@ def pm(mean: object, low: object, high: object, digits: int = 1, signed: bool = 
     return num(mean, digits, signed)
 
 
+def spread(mean: object, low: object, high: object, n: int, per_seed: str, min_seeds: int, digits: int = 1) -> str:
+    """A mean over seeds as the evidence allows: per-seed values below `min_seeds`, 'm ± h' for a
+    symmetric interval, 'm [lo, hi]' for one clipped to the metric's range, and an explicit
+    'zero variance over n seeds' instead of a bare '± 0.0'."""
+    if not ok(mean):
+        return NA
+    if n < min_seeds:
+        return f"{per_seed} (1 seed, no CI)" if n == 1 else f"{per_seed} (per seed, {n} seeds: too few for a t-interval)"
+    if not (ok(low) and ok(high)):
+        return num(mean, digits)
+    lo, hi, m = float(low), float(high), float(mean)  # type: ignore[arg-type]
+    if hi - lo == 0:
+        return f"{num(m, digits)} ± {num(0.0, digits)} (zero variance over {n} seeds)"
+    if abs((hi - m) - (m - lo)) > 1e-9 * max(1.0, abs(m)):
+        return f"{num(m, digits)} [{num(lo, digits)}, {num(hi, digits)}]"
+    return f"{num(m, digits)} ± {num((hi - lo) / 2, digits)}"
+
+
 def interval(low: object, high: object, digits: int = 2) -> str:
     """'[a, b]' or '' when absent."""
     if ok(low) and ok(high):

@@ -50,6 +50,8 @@ TELEMETRY_COLUMNS = (
     "nonfinite",
     "numel",
 )
+SAMPLES_DIR = "eval/samples"
+SAMPLE_COLUMNS = ("run_id", "task", "doc_id", "metric", "value")
 ENV_JSON = "env.json"
 SWEEP_TRIALS_JSON = "sweep/trials.json"
 _PAGE = 1000
@@ -427,6 +429,61 @@ def fetch_telemetry(
     if not parts:
         return pd.DataFrame(columns=["run_id", *columns])
     return pd.concat(parts, ignore_index=True)
+
+
+def _sample_files(tracking_uri: str, run_id: str, artifact_uri: str, dst: str) -> list[Path]:
+    """Every `eval/samples/<task>.jsonl` of one run (local folder read in place, else listed and downloaded)."""
+    local = _local_path(artifact_uri, SAMPLES_DIR)
+    if local is not None:
+        return sorted(local.glob("*.jsonl")) if local.is_dir() else []
+    try:
+        listed = _client(tracking_uri).list_artifacts(run_id, SAMPLES_DIR)
+    except Exception as exc:  # no samples is normal for runs older than per-item logging
+        log.debug("no %s for run %s: %s", SAMPLES_DIR, run_id, exc)
+        return []
+    paths = [_download(tracking_uri, artifact_uri, f.path, dst) for f in listed if f.path.endswith(".jsonl")]
+    return [p for p in paths if p is not None]
+
+
+def read_samples(path: Path) -> pd.DataFrame:
+    """One task's per-item results: doc_id, metric, value; malformed lines are skipped with a warning."""
+    rows, bad = [], 0
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                rows.append((int(item["doc_id"]), str(item.get("metric", "")), float(item["value"])))
+            except (ValueError, TypeError, KeyError):
+                bad += 1
+    if bad:
+        log.warning("%s: %d malformed line(s) skipped", path, bad)
+    return pd.DataFrame(rows, columns=["doc_id", "metric", "value"])
+
+
+def fetch_samples(tracking_uri: str, runs: Sequence[tuple[str, str]], workers: int = 8) -> pd.DataFrame:
+    """Per-item eval results of each (run_id, artifact_uri): run_id, task, doc_id, metric, value.
+
+    Runs without `eval/samples/` (older runs, failed trials) contribute nothing; the statistics then
+    fall back to the binomial standard error and say so.
+    """
+
+    def one(item: tuple[str, str]) -> pd.DataFrame:
+        run_id, artifact_uri = item
+        if not artifact_uri:
+            return pd.DataFrame()
+        with tempfile.TemporaryDirectory(prefix="fp8lab-samples-") as tmp:
+            parts = [
+                read_samples(p).assign(task=p.stem) for p in _sample_files(tracking_uri, run_id, artifact_uri, tmp)
+            ]
+        parts = [p for p in parts if not p.empty]
+        return pd.concat(parts, ignore_index=True).assign(run_id=run_id) if parts else pd.DataFrame()
+
+    parts = [p for p in _pmap(one, runs, workers) if not p.empty]
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype=float if c == "value" else object) for c in SAMPLE_COLUMNS})
+    return pd.concat(parts, ignore_index=True)[list(SAMPLE_COLUMNS)]
 
 
 def fetch_env_json(tracking_uri: str, artifact_uris: Sequence[str]) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import load
+from analysis.compare import Evidence
 from analysis.document import ReportInputs, build_document
 from analysis.environment import environment_items
 from analysis.errors import ReportError
@@ -171,8 +172,14 @@ def generate_report(
     env = environment_items(raw, parent, env_json)
     t = lap("environment", t)
 
-    summary = build_summary(trials, options, superseded)
-    ablations = ablation_table(trials, options)
+    with load.quiet_downloads():
+        samples = load.fetch_samples(
+            tracking_uri, [(r, str(uris.get(r) or "")) for r in counted["run_id"]], options.max_workers
+        )
+    evidence = Evidence.of(samples)
+    t = lap("eval_samples", t)
+    summary = build_summary(trials, options, superseded, evidence)
+    ablations = ablation_table(trials, options, evidence)
     t = lap("statistics", t)
     figures = all_figures(trials, summary, history, telemetry, options, warnings)
     t = lap("figures", t)

@@ -47,8 +47,14 @@ class MeanCI:
         return (self.high - self.low) / 2.0
 
 
-def mean_ci(values: Iterable[float] | np.ndarray, confidence: float = 0.95) -> MeanCI:
-    """Mean and Student-t confidence interval over seeds."""
+def mean_ci(
+    values: Iterable[float] | np.ndarray, confidence: float = 0.95, bounds: tuple[float, float] | None = None
+) -> MeanCI:
+    """Mean and Student-t confidence interval over seeds.
+
+    `bounds`: the metric's possible range (accuracy [0, 100], a loss [0, inf)); the interval is
+    clipped to it, because a band outside what the metric can take says nothing true.
+    """
     x = finite(values)
     n = int(x.size)
     if n == 0:
@@ -59,7 +65,10 @@ def mean_ci(values: Iterable[float] | np.ndarray, confidence: float = 0.95) -> M
     sd = float(x.std(ddof=1))
     h = float(_st.t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n)
     note = "zero variance" if sd == 0.0 else ""
-    return MeanCI(mean, sd, n, mean - h, mean + h, note)
+    low, high = mean - h, mean + h
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return MeanCI(mean, sd, n, low, high, note)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ take seconds, not minutes. Not used by the report itself.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import tempfile
 import time
@@ -48,6 +49,13 @@ class SynthTrial:
     device: str = "cpu"
     start_offset_s: float = 0.0
     """Shifts the run's start time (to order retries)."""
+    samples: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    """task -> per-item values (doc_id = position), written as `eval/samples/<task>.jsonl`."""
+    sample_metric: str = "acc"
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """Extra tags (fp8lab.ladder, fp8lab.deviations, ...)."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Extra final metrics (eval/<task>/<metric>, eval/accuracy_stderr, telemetry/<kind>/..., ...)."""
 
     def resolved_trial_id(self) -> str:
         if self.trial_id:
@@ -177,6 +185,7 @@ def write_sweep(
         if t.diverged_step is not None:
             tags["fp8lab.diverged_step"] = str(t.diverged_step)
         tags.update({f"fp8lab.axis.{k}": str(v) for k, v in t.axes.items()})
+        tags.update(t.tags)
         run_id = client.create_run(exp_id, start_time=start, tags=tags).info.run_id
         loss = loss_curve(t, n_steps)
         metrics = []
@@ -197,6 +206,7 @@ def write_sweep(
             "train/final_loss": t.final_loss,
         }
         # like workloads' log_final: final metrics at step 0, written after every per-step value
+        finals.update(t.metrics)
         metrics += [Metric(k, float(v), start + last + 10, 0) for k, v in finals.items() if v is not None]
         prm = [Param("precision.policy", t.policy), Param("train.seed", str(t.seed))]
         prm += [Param(k, str(v)) for k, v in (params or {}).items()]
@@ -211,6 +221,11 @@ def write_sweep(
             path = tmp / "telemetry.parquet"
             telemetry_frame(t, last, layers, telemetry_every).to_parquet(path, index=False)
             client.log_artifact(run_id, str(path), "telemetry")
+        for task, values in t.samples.items():
+            path = tmp / f"{task}.jsonl"
+            lines = (json.dumps({"doc_id": i, "metric": t.sample_metric, "value": float(v)}) for i, v in enumerate(values))
+            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            client.log_artifact(run_id, str(path), "eval/samples")
         status = t.mlflow_status or ("FAILED" if t.status == "FAILED" else "FINISHED")
         if status != "RUNNING":
             client.set_terminated(run_id, status=status, end_time=start + 500)

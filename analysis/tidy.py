@@ -5,7 +5,9 @@ The raw frame follows `mlflow.search_runs`' column convention (`tags.*`, `params
 hand. This module decides what a run *is* for the statistics:
 
 - status: FINISHED / DIVERGED / FAILED from tag `fp8lab.status` (MLflow's own status says FINISHED
-  for diverged trials), INCOMPLETE when MLflow says RUNNING / SCHEDULED / KILLED. Only FINISHED
+  for diverged trials), INCOMPLETE when MLflow says RUNNING / SCHEDULED / KILLED, and FAILED when
+  MLflow says FAILED whatever the tag says (someone marked the run failed after the trial ended:
+  its numbers are not trusted). Only FINISHED
   and DIVERGED trials are *counted* (a diverged seed is part of what a policy delivers; dropping it
   would flatter unstable policies). FAILED and INCOMPLETE runs are listed, never averaged.
 - retries: one row per `fp8lab.trial_id`; the FINISHED run wins, then DIVERGED, FAILED,
@@ -43,7 +45,22 @@ FIXED_METRICS = {
     "underflow_events": "underflow/events",
     "wall_s": "train/wall_s",
     "lora_std_min": "train/lora_weight_std_min",
+    "lora_std": "train/lora_weight_std",
+    "eval_n": "eval/n",
 }
+# Tags of docs/contracts.md read here -> tidy column.
+TAG_COLUMNS = {
+    "deviations": "fp8lab.deviations",
+    "ladder": "fp8lab.ladder",
+    "ladder_base": "fp8lab.ladder_base",
+    "mechanism": "fp8lab.mechanism",
+    "mechanism_desc": "fp8lab.mechanism_desc",
+}
+TELEMETRY_KINDS = ("activation", "weight", "dgrad", "wgrad", "lora_weight")
+TEL_PREFIX = "tel."
+"""`tel.<kind>.underflow_pct` / `tel.<kind>.overflow_pct`: the last logged per-kind mean over layers."""
+TASK_PREFIX = "task."
+"""`task.<task>/<metric>` (and `..._stderr`): every per-task metric lm-eval returned (`eval/<task>/<metric>`)."""
 
 
 def natural_key(value: object) -> tuple:
@@ -91,9 +108,9 @@ def classify_status(mlflow_status: str, tag_status: str) -> str:
     tag = str(tag_status or "").upper()
     if str(mlflow_status).upper() in _INCOMPLETE_MLFLOW or tag in _INCOMPLETE_MLFLOW:
         return "INCOMPLETE"
-    if tag in ("FINISHED", "DIVERGED", "FAILED"):
-        return tag
-    return "FAILED" if str(mlflow_status).upper() == "FAILED" else "FINISHED"
+    if str(mlflow_status).upper() == "FAILED":
+        return "FAILED"
+    return tag if tag in ("FINISHED", "DIVERGED", "FAILED") else "FINISHED"
 
 
 def tidy_runs(raw: pd.DataFrame, options: ReportOptions | None = None) -> pd.DataFrame:
@@ -120,6 +137,12 @@ def tidy_runs(raw: pd.DataFrame, options: ReportOptions | None = None) -> pd.Dat
     ]
     out["counted"] = out["status"].isin(COUNTED)
     out["reason"] = _str_col(raw, "tags.fp8lab.reason")
+    tag_status = _str_col(raw, "tags.fp8lab.status").str.upper()
+    overruled = (out["mlflow_status"] == "FAILED") & tag_status.isin(COUNTED)
+    out.loc[overruled, "reason"] = [
+        f"run marked FAILED in MLflow after the trial recorded {t}" + (f" ({r})" if r else "")
+        for t, r in zip(tag_status[overruled], out.loc[overruled, "reason"], strict=True)
+    ]
     out["diverged_step"] = _num_col(raw, "tags.fp8lab.diverged_step")
     out["backend"] = _str_col(raw, "tags.fp8lab.backend")
     out["device"] = _str_col(raw, "tags.fp8lab.device")
@@ -129,10 +152,32 @@ def tidy_runs(raw: pd.DataFrame, options: ReportOptions | None = None) -> pd.Dat
         out[short] = _num_col(raw, "metrics." + getattr(options, attr))
     for short, key in FIXED_METRICS.items():
         out[short] = _num_col(raw, "metrics." + key)
+    for short, tag in TAG_COLUMNS.items():
+        out[short] = _str_col(raw, "tags." + tag)
+    for kind in TELEMETRY_KINDS:
+        for stat in ("underflow_pct", "overflow_pct"):
+            out[f"{TEL_PREFIX}{kind}.{stat}"] = _num_col(raw, f"metrics.telemetry/{kind}/{stat}")
+    for col in sorted(c for c in raw.columns if _is_task_metric(c)):
+        out[TASK_PREFIX + col[len("metrics.eval/") :]] = _num_col(raw, col)
     out["tokens_per_epoch"] = _tokens_per_epoch(raw, options)
     for col in sorted(c for c in raw.columns if c.startswith(AXIS_TAG_PREFIX)):
         out[AXIS_PREFIX + col[len(AXIS_TAG_PREFIX) :]] = _str_col(raw, col)
     return out.reset_index(drop=True)
+
+
+def _is_task_metric(col: str) -> bool:
+    """`metrics.eval/<task>/<metric>`: three or more path parts (eval/accuracy has two)."""
+    return col.startswith("metrics.eval/") and col.count("/") >= 2
+
+
+def task_metrics(frame: pd.DataFrame) -> dict[str, list[str]]:
+    """task -> its metric names (stderr columns excluded), from the tidy frame's `task.` columns."""
+    out: dict[str, list[str]] = {}
+    for col in frame.columns:
+        if col.startswith(TASK_PREFIX) and not col.endswith("_stderr"):
+            task, _, metric = col[len(TASK_PREFIX) :].partition("/")
+            out.setdefault(task, []).append(metric)
+    return {t: sorted(m) for t, m in sorted(out.items())}
 
 
 def _tokens_per_epoch(raw: pd.DataFrame, options: ReportOptions) -> pd.Series:

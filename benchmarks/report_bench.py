@@ -51,8 +51,22 @@ TPS = {
 }
 
 
-def make_trials(n_runs: int) -> list:
-    """n_runs trials spread over policies x lora.r x seeds (deterministic values with seed noise)."""
+def item_scores(policy: str, seed: int, r: str, accuracy: float, n_items: int):
+    """0/1 per-item results: items share one difficulty (the same eval set for every run), each run
+    adds its own noise, so policies pair on items the way real evaluations do."""
+    import hashlib
+
+    import numpy as np
+
+    difficulty = np.random.default_rng(0).random(n_items)
+    key = int(hashlib.sha1(f"{policy}|{seed}|{r}".encode()).hexdigest()[:8], 16)
+    noise = np.random.default_rng(key).normal(0.0, 0.08, n_items)
+    return (difficulty + noise < accuracy).astype(float)
+
+
+def make_trials(n_runs: int, n_items: int = 0) -> list:
+    """n_runs trials spread over policies x lora.r x seeds (deterministic values with seed noise);
+    with n_items, each run also has per-item results (eval/samples) whose mean is its accuracy."""
     from analysis.synthetic import SynthTrial
 
     cells = [(p, a, r) for r in ("8", "16") for p, a in POLICIES]
@@ -62,11 +76,13 @@ def make_trials(n_runs: int) -> list:
         seed = i // len(cells)
         noise = ((seed * 7919) % 11 - 5) / 500.0 + (0.005 if r == "16" else 0.0)  # r=16: a bit better, slower
         status, step = ("DIVERGED", 5) if (policy == "fp8_naive" and seed % 7 == 3) else ("FINISHED", None)
+        items = item_scores(policy, seed, r, ACC[policy] + noise, n_items) if n_items else None
         out.append(
             SynthTrial(
                 policy,
                 seed,
-                accuracy=ACC[policy] + noise,
+                accuracy=float(items.mean()) if items is not None else ACC[policy] + noise,
+                samples={"fp8lab_embedded": items.tolist()} if items is not None else {},
                 tokens_per_s=TPS[policy] * (1 + noise) * (0.95 if r == "16" else 1.0),
                 peak_bytes=(4.0 if policy == "bf16" else 2.6) * (1 << 30),
                 axes={"lora.r": r},
@@ -104,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--telemetry-every", type=int, default=10, help="telemetry sampling in steps (default: %(default)s)"
     )
+    ap.add_argument("--items", type=int, default=400, help="per-item eval results per run, 0 = none (default: %(default)s)")
     ap.add_argument("--smoke", action="store_true", help="10 runs x 20 steps, 4 layers: a quick CI check")
     ap.add_argument("--repeat", type=int, default=1, help="time the report this many times (default: %(default)s)")
     ap.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
@@ -129,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         uri,
         "bench",
         f"bench-{int(time.time())}",
-        make_trials(args.runs),
+        make_trials(args.runs, args.items),
         n_steps=args.steps,
         per_step_metrics=args.per_step_metrics,
         layers=args.layers,

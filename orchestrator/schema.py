@@ -151,6 +151,7 @@ SCHEMA: dict[str, Any] = {
         "gpu_hour_price": _nonneg_float("2.5"),
         "utilization": _pos_float("0.8", upper=1.0),
         "n_gpu": _int("an integer >= 1", "1", lo=1),
+        "equivalence_margin_pts": _pos_float("2.0"),
         "out": _str("report/", nullable=True),
     },
 }

@@ -1,4 +1,4 @@
-"""analysis reads MLflow only: it must never import workloads, orchestrator or torch (DESIGN.md §1)."""
+"""analysis reads MLflow only: it must never import workloads, orchestrator or torch (docs/architecture.md)."""
 
 from __future__ import annotations
 

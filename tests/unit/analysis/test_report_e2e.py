@@ -52,7 +52,12 @@ def test_summary_numbers_match_hand_computation(summary: pd.DataFrame) -> None:
     lo, hi = st.t.interval(0.95, 3, loc=naive.mean(), scale=st.sem(naive))
     assert (row["acc_mean"], row["acc_low"], row["acc_high"]) == pytest.approx((naive.mean(), lo, hi))
     ref = st.ttest_ind(naive, base, equal_var=False)
-    assert row["welch_p"] == pytest.approx(ref.pvalue) and bool(row["significant"]) == (ref.pvalue < 0.05)
+    assert row["p"] == pytest.approx(ref.pvalue) and row["method"] == "binomial + seeds"  # no stderr: Welch
+    others = summary[summary.index != "bf16"]
+    assert row["p_holm"] == pytest.approx(min(1.0, max(
+        p * (len(others) - i) for i, p in enumerate(sorted(others["p"])) if p <= row["p"]
+    )))  # fmt: skip
+    assert bool(row["significant"]) == (row["p_holm"] < 0.05)
     # the final (whole-run) tokens/s, logged at step 0 after per-step readings of half that value
     assert summary.loc["bf16", "tps_mean"] == pytest.approx(np.mean(MAIN["bf16"]["tps"]))
     naive_tps = np.array(MAIN["fp8_naive"]["tps"] + [NAIVE_DIVERGED["tps"]])
@@ -81,7 +86,7 @@ def test_report_mentions_failures_reasons_and_methods(main_report) -> None:
     assert "2.13.0" in md and "abc1234" in md  # versions and git commit from the parent run
     for fig in main_report.figures:
         assert f"(figures/{fig.name})" in md
-    assert "## Ablations" in md and "scaler" in md and "block_scales" in md
+    assert "## Mechanisms: ladder and ablations" in md and "scaler" in md and "block_scales" in md
 
 
 def test_html_is_self_contained(main_report) -> None:
@@ -98,9 +103,9 @@ def test_ablations_csv(main_report) -> None:
     prot = np.array(MAIN["fp8_protected"]["acc"]) * 100
     var = np.array(MAIN["fp8_protected-no_scaler"]["acc"]) * 100
     naive = np.array(MAIN["fp8_naive"]["acc"] + [NAIVE_DIVERGED["acc"]]) * 100
-    assert abl.loc["scaler", "recovered_pts"] == pytest.approx(prot.mean() - var.mean())
+    assert abl.loc["scaler", "effect_pts"] == pytest.approx(prot.mean() - var.mean())
     assert abl.loc["scaler", "share_of_gap"] == pytest.approx((prot.mean() - var.mean()) / (prot.mean() - naive.mean()))
-    assert abl.loc["block_scales", "recovered_pts"] == pytest.approx(3.0)
+    assert abl.loc["block_scales", "effect_pts"] == pytest.approx(3.0)
 
 
 def test_logged_to_parent_run(main_report, store) -> None:
@@ -161,9 +166,9 @@ def test_axes_sweep_by_id(store, tmp_path: Path) -> None:
         "fp8_protected [lora.r=16]",
     ]
     r16 = s.set_index("group").loc["fp8_protected [lora.r=16]"]
-    assert r16["n_seeds"] == 1 and math.isnan(r16["welch_p"]) and r16["delta_pts"] == pytest.approx(-1.0)
+    assert r16["n_seeds"] == 1 and math.isnan(r16["p"]) and r16["delta_pts"] == pytest.approx(-1.0)
     md = r.report_md.read_text()
-    assert "(n=1, no CI)" in md and "no significance test" in md
+    assert "(1 seed, no CI)" in md and "no test" in md and "Low evidence" in md
     assert "env.json: device.cores: 2" in md and "env.json: versions.mlflow: 3.17.2" in md
 
 

@@ -127,3 +127,29 @@ def test_cost_formulas_by_hand() -> None:
     assert c4.cost_per_1m_tokens == pytest.approx(8.0 / 14.4) and math.isnan(c4.cost_per_epoch)
     none = training_cost(float("nan"), 1e6, 2.5, 0.8, 1)
     assert math.isnan(none.cost_per_1m_tokens) and math.isnan(none.cost_per_epoch)
+
+
+def test_bands_stay_inside_the_metric_range() -> None:
+    import pandas as pd
+
+    from analysis import fmt
+    from analysis.figures import _band
+
+    acc = mean_ci([0.0, 0.0, 3.0], 0.95, (0.0, 100.0))  # t-interval would reach below 0
+    assert acc.low == 0.0 and acc.high == pytest.approx(1.0 + st.t.ppf(0.975, 2) * st.sem([0.0, 0.0, 3.0]))
+    assert fmt.spread(acc.mean, acc.low, acc.high, 3, "", 3) == f"1.0 [0.0, {acc.high:.1f}]"  # asymmetric: shown as such
+    top = mean_ci([100.0, 98.0, 100.0], 0.95, (0.0, 100.0))
+    assert top.high == 100.0
+    loss = pd.DataFrame({"mean": [0.5, 0.1], "std": [0.1, 2.0], "count": [3, 3]})
+    lo, hi = _band(loss, 0.95)
+    assert lo[1] == 0.0 and lo[0] > 0 and hi[1] > 0.1  # a loss band never goes below 0
+    two = pd.DataFrame({"mean": [0.5], "std": [0.1], "count": [2]})
+    assert np.isnan(_band(two, 0.95, 3)[1]).all()  # 2 seeds: no t-band at all
+
+
+def test_zero_variance_and_few_seeds_are_said() -> None:
+    from analysis import fmt
+
+    assert fmt.spread(19.25, 19.25, 19.25, 3, "", 3) == "19.2 ± 0.0 (zero variance over 3 seeds)"
+    assert fmt.spread(19.25, 19.25, 19.25, 2, "19.2, 19.2", 3) == "19.2, 19.2 (per seed, 2 seeds: too few for a t-interval)"
+    assert fmt.spread(80.0, 75.0, 85.0, 4, "", 3) == "80.0 ± 5.0"

@@ -53,6 +53,8 @@ def raw_row(
         ("FAILED", "", "FAILED"),
         ("FINISHED", "", "FINISHED"),
         ("FINISHED", "FAILED", "FAILED"),
+        ("FAILED", "FINISHED", "FAILED"),  # someone set the finished run FAILED in MLflow: not a result
+        ("FAILED", "DIVERGED", "FAILED"),
         ("KILLED", "FINISHED", "INCOMPLETE"),
         ("RUNNING", "", "INCOMPLETE"),
         ("SCHEDULED", None, "INCOMPLETE"),

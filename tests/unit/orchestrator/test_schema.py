@@ -32,6 +32,7 @@ def test_all_errors_reported_together() -> None:
     ("train.batch_size=true", "train.batch_size"),
     ("precision.telemetry.every=0", "precision.telemetry.every"),
     ("report.utilization=1.5", "report.utilization"),
+    ("report.equivalence_margin_pts=0", "report.equivalence_margin_pts"),
     ("cluster.gpus_per_trial=1.5", "cluster.gpus_per_trial"),
     ("precision.backend=cuda", "precision.backend"),
     ("model.trust_remote_code=yes", "model.trust_remote_code"),
