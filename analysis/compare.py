@@ -55,10 +55,23 @@ def _counted(sub: pd.DataFrame, col: str) -> pd.DataFrame:
     return sel[np.isfinite(sel[col].to_numpy(dtype=float))]
 
 
+FRACTION_RANGE = 100.0
+"""The possible range, in points, of a metric logged as a fraction (accuracy, exact match)."""
+
+
+def _is_fraction(values: np.ndarray) -> bool:
+    finite = values[np.isfinite(values)]
+    return bool(finite.size and finite.min() >= 0 and finite.max() <= 1)
+
+
 def _points(values: np.ndarray) -> np.ndarray:
     """Fractions (0..1) become points (0..100); anything else (perplexity) is left as it is."""
-    finite = values[np.isfinite(values)]
-    return values * 100.0 if finite.size and finite.min() >= 0 and finite.max() <= 1 else values
+    return values * FRACTION_RANGE if _is_fraction(values) else values
+
+
+def _range_of(*values: np.ndarray) -> float | None:
+    """The scores' possible range in points when every array is a fraction, else None (unknown)."""
+    return FRACTION_RANGE if all(_is_fraction(v) for v in values) else None
 
 
 def _run_mean(tasks: Mapping[str, pd.Series], names: Sequence[str]) -> float:
@@ -121,6 +134,7 @@ def _try_paired(
         blocks = [_block(x, y, ev, t) for t in tasks]
         if any(b is None for b in blocks):
             return None
+        raw = [ev.by_run[str(r)][t].to_numpy(float) for r in both["run_id"] for t in tasks]
         ev.done[key] = paired_bootstrap(
             [b[0] for b in blocks],  # type: ignore[index]
             [b[1] for b in blocks],  # type: ignore[index]
@@ -129,6 +143,7 @@ def _try_paired(
             confidence=options.confidence,
             reps=options.bootstrap_reps,
             seed=stable_seed(options.bootstrap_seed, label),
+            score_range=_range_of(*raw),
         )
     return ev.done[key]
 
@@ -154,14 +169,16 @@ def compare(
         if c is not None:
             return c
     items = _n_items(x, y)
+    vx, vy = x[value_col].to_numpy(float), y[value_col].to_numpy(float)
     return binomial_seeds(
-        _points(x[value_col].to_numpy(float)),
+        _points(vx),
         _points_like(x, value_col, stderr_col),
-        _points(y[value_col].to_numpy(float)),
+        _points(vy),
         _points_like(y, value_col, stderr_col),
         margin=options.equivalence_margin_pts,
         confidence=options.confidence,
         items=items,
+        score_range=_range_of(vx, vy),
     )
 
 
@@ -171,7 +188,7 @@ def _points_like(runs: pd.DataFrame, value_col: str, stderr_col: str) -> np.ndar
         return np.full(len(runs), math.nan)
     vals = runs[value_col].to_numpy(float)
     se = runs[stderr_col].to_numpy(float)
-    return se * 100.0 if len(vals) and np.nanmax(vals) <= 1 and np.nanmin(vals) >= 0 else se
+    return se * FRACTION_RANGE if _is_fraction(vals) else se
 
 
 def _n_items(x: pd.DataFrame, y: pd.DataFrame) -> int | None:

@@ -466,10 +466,22 @@ def statistics_blocks(inp: ReportInputs) -> list[Block]:
                 "every drawn seed uses (a crossed design: item noise is not divided by the number of seeds). "
                 f"Percentile {o.confidence:.0%} interval; p-values by inverting it; seeded "
                 f"(`bootstrap_seed={o.bootstrap_seed}`), so the report is reproducible.",
+                "Few discordant items (items on which not every compared run scored alike; the verdict gives their "
+                "number) make a percentile bootstrap too confident — with none at all it is a point mass at 0 and "
+                "would call anything equivalent. So every replicate also adds N₊ − N₋ pseudo discordant items "
+                "(N± ~ Poisson(½): the bootstrap draws of the ½ pseudo-count Agresti and Min (2005) add to each "
+                "discordant cell of the paired 2×2 table), each worth the metric's range (100 points for a 0/1 "
+                "metric) over the task's items; the interval, the p-values and TOST all come from these replicates. "
+                "The added variance is (range/items)²: it is negligible with many discordant items, while 0 "
+                "discordant of 40 items gives a 95% interval of about ±5 points (rule of three: up to 7.5% of such "
+                "items could still differ), and 0 of 2000 about ±0.1.",
                 f"Otherwise **binomial + seeds**: Var(Δ) = s²/n of each side's seed accuracies + each side's mean "
                 "squared `eval/accuracy_stderr` (item noise, shared by a side's seeds), t quantile with "
                 "Welch–Satterthwaite df; conservative, as it ignores the pairing on items. Without a stderr it is "
-                "Welch's t-test. The method of each comparison is in the Summary table and `summary.csv`.",
+                "Welch's t-test. Each seed's stderr is at least the Wald error with ½ added to its right and wrong "
+                "counts, √(p̃(1−p̃)/(n+1)) with p̃ = (right + ½)/(n + 1), so 0% or 100% accuracy (binomial stderr 0) "
+                "is not noise-free; a side whose seeds agree and whose stderr is 0 or unknown gets no test. The "
+                "method of each comparison is in the Summary table and `summary.csv`.",
                 f"Equivalence: two one-sided tests (TOST) against ±{o.equivalence_margin_pts:g} points; 'as good as "
                 f"`{base}`' only when the Holm-corrected TOST p < {o.alpha:.2g}, i.e. the "
                 f"{1 - 2 * o.alpha:.0%} interval lies inside the margin. Otherwise the verdict is 'not "

@@ -8,12 +8,21 @@ Pure numpy/scipy on arrays (no pandas, no MLflow). Two methods, chosen by what t
   seeds with replacement and one item resample that every drawn seed uses. This keeps the item
   noise that no number of seeds averages away (resampling items independently per seed would
   shrink it by 1/seeds and overstate the evidence). Percentile interval; p-values by inverting
-  the percentile interval, (count + 1) / (reps + 1).
+  the percentile interval, (count + 1) / (reps + 1). Few discordant items (items on which the runs
+  do not all score alike) make the percentile bootstrap anti-conservative — with none at all its
+  distribution is a point mass and would "prove" any equivalence — so every replicate also adds
+  the Agresti–Min pseudo-count: N+ - N- pseudo discordant items (N± ~ Poisson(½), the bootstrap
+  draws of the ½ pseudo-count that Agresti & Min (2005) add to each discordant cell of the paired
+  2x2 table), each worth the score range over the task's n items. It changes nothing when many
+  items are discordant and keeps "0 of 40 items differ" from reading as equivalence.
 - **binomial + seeds** (older runs without per-item results): per-seed accuracy and its binomial
   standard error (`eval/accuracy_stderr`): Var = s_x²/n_x + s_y²/n_y (seed noise) + mean(se_x²) +
   mean(se_y²) (item noise, shared by the seeds of one side, so not divided by their number). It
   ignores the positive item correlation between policies, so it is conservative. t quantiles with
-  Welch–Satterthwaite df (item terms: df = items - 1).
+  Welch–Satterthwaite df (item terms: df = items - 1). A seed's stderr is at least the Wald error of
+  its accuracy with the same ½ pseudo-count added to the correct and wrong cells, so an accuracy of
+  0% or 100% (binomial stderr 0) is not taken as noise-free; a side with no noise estimate at all
+  gets no test.
 
 Both give a difference, its two-sided interval and p-value, a TOST equivalence p-value against a
 margin, the (1 - 2α) interval TOST is read from, and the variance components that say how many
@@ -35,6 +44,8 @@ PAIRED = "paired bootstrap"
 BINOMIAL = "binomial + seeds"
 POWER = 0.8
 """Power assumed when estimating how many seeds or items a conclusive comparison needs."""
+PSEUDO = 0.5
+"""Agresti–Min pseudo-count added to each discordant cell (paired) or each binomial cell (fallback)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,8 @@ class Comparison:
     paired_seeds: bool
     parts: VarianceParts | None
     note: str = ""
+    discordant: int = -1
+    """Items (over all tasks) on which not every run of both sides scored alike; -1: not counted."""
 
     @property
     def se(self) -> float:
@@ -161,6 +174,46 @@ def _bootstrap(blocks: Sequence[tuple[np.ndarray, np.ndarray]], paired: bool, re
     return out
 
 
+def pseudo_size(x: np.ndarray, y: np.ndarray, score_range: float | None) -> float:
+    """Size (points) of one pseudo discordant item of a task: what an unseen disagreement could weigh.
+
+    The score range when it is known (100 for a 0/1 metric in points: a fully discordant item, as in
+    Agresti–Min's 2x2 table); otherwise the root mean square of the item-mean differences that are
+    not zero (the typical observed disagreement), else the observed range of the scores; 0 when
+    every run scored every item alike and nothing says how far apart a score could be.
+    """
+    if score_range is not None:
+        return float(score_range)
+    d = x.mean(axis=0) - y.mean(axis=0)
+    nonzero = d[d != 0]
+    if nonzero.size:
+        return float(np.sqrt(np.mean(nonzero**2)))
+    return float(np.ptp(np.vstack([x, y])))
+
+
+def discordant_items(x: np.ndarray, y: np.ndarray) -> int:
+    """Items on which not every run of both sides scored alike (the only ones that carry a difference)."""
+    return int((np.ptp(np.vstack([x, y]), axis=0) > 0).sum())
+
+
+def _pseudo(sizes: Sequence[tuple[float, int]], reps: int, seed: int) -> np.ndarray:
+    """Per replicate, the mean over tasks of m·(N+ - N-)/n with N± ~ Poisson(½) (Agresti–Min pseudo-count).
+
+    Drawn from a stream of its own, so the resampling replicates are the same with and without it.
+    Its variance (`_pseudo_var`) is the sum over the T tasks of m²/n², divided by T²: (range/items)²
+    for one task, negligible next to the resampling variance unless few items are discordant.
+    """
+    rng = np.random.default_rng([seed, 1])
+    out = np.zeros(reps)
+    for m, n in sizes:
+        out += m * (rng.poisson(PSEUDO, reps) - rng.poisson(PSEUDO, reps)) / n
+    return out / len(sizes)
+
+
+def _pseudo_var(sizes: Sequence[tuple[float, int]]) -> float:
+    return sum(2 * PSEUDO * m * m / (n * n) for m, n in sizes) / len(sizes) ** 2
+
+
 def _tail(boot: np.ndarray, below: float | None = None, above: float | None = None) -> float:
     """(count + 1) / (reps + 1) of replicates <= below (or >= above): a valid bootstrap p-value."""
     count = int((boot <= below).sum()) if below is not None else int((boot >= above).sum())
@@ -210,12 +263,15 @@ def paired_bootstrap(
     confidence: float = 0.95,
     reps: int = 10_000,
     seed: int = 0,
+    score_range: float | None = None,
 ) -> Comparison:
     """Crossed bootstrap of mean(x) - mean(y), in the units of x and y (points).
 
     x, y: seeds x items matrices of per-item scores with the *same* item columns — or lists of
     them, one per task, for an aggregate that is the mean of the tasks' scores; with
-    `paired_seeds`, row k of x and row k of y are the same seed.
+    `paired_seeds`, row k of x and row k of y are the same seed. `score_range`: the width of the
+    scores' possible range (100 for a 0/1 metric in points), the size of a pseudo discordant item;
+    None: estimated from the data (`pseudo_size`).
     """
     xs = [np.asarray(a, float) for a in (x if isinstance(x, (list, tuple)) else [x])]
     ys = [np.asarray(b, float) for b in (y if isinstance(y, (list, tuple)) else [y])]
@@ -229,18 +285,31 @@ def paired_bootstrap(
     if paired_seeds and xs[0].shape[0] != ys[0].shape[0]:
         raise ValueError("paired seeds need the same number of seeds on both sides")
     delta = float(np.mean([a.mean() - b.mean() for a, b in zip(xs, ys, strict=True)]))
-    boot = _bootstrap(list(zip(xs, ys, strict=True)), paired_seeds, reps, seed)
+    n_items = int(sum(a.shape[1] for a in xs))
+    discordant = sum(discordant_items(a, b) for a, b in zip(xs, ys, strict=True))
+    sizes = [(pseudo_size(a, b, score_range), a.shape[1]) for a, b in zip(xs, ys, strict=True)]
+    if any(m <= 0 or not math.isfinite(m) for m, _ in sizes):
+        note = "every run scored every item alike and the score range is unknown: no test"
+        return Comparison(
+            delta, NAN, NAN, NAN, NAN, NAN, NAN, margin, PAIRED, xs[0].shape[0], ys[0].shape[0], n_items,
+            paired_seeds, None, note, discordant,
+        )  # fmt: skip
+    resampled = _bootstrap(list(zip(xs, ys, strict=True)), paired_seeds, reps, seed)
+    boot = resampled + _pseudo(sizes, reps, seed)
     alpha = 1.0 - confidence
     low, high = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
     tlow, thigh = np.quantile(boot, [alpha, 1 - alpha])
     p = min(1.0, 2.0 * min(_tail(boot, below=0.0), _tail(boot, above=0.0)))
     tost = max(_tail(boot, below=-margin), _tail(boot, above=margin))
-    parts = crossed_parts(np.hstack(xs), np.hstack(ys), paired_seeds)
-    note = "" if np.ptp(boot) > 0 else "zero variance over seeds and items"
-    n_items = int(sum(a.shape[1] for a in xs))
+    raw = crossed_parts(np.hstack(xs), np.hstack(ys), paired_seeds)
+    # the pseudo-count's variance as an item term: it is the item noise the data could not show
+    parts = VarianceParts(raw.seed, raw.item + _pseudo_var(sizes) * n_items, raw.residual, raw.seeds, raw.items)
+    note = ""
+    if _pseudo_var(sizes) > float(resampled.var()):
+        note = f"{discordant} discordant item(s) of {n_items}: the interval is mostly the Agresti–Min pseudo-count"
     return Comparison(
         delta, float(low), float(high), p, tost, float(tlow), float(thigh), margin, PAIRED,
-        xs[0].shape[0], ys[0].shape[0], n_items, paired_seeds, parts, note,
+        xs[0].shape[0], ys[0].shape[0], n_items, paired_seeds, parts, note, discordant,
     )  # fmt: skip
 
 
@@ -253,11 +322,15 @@ def binomial_seeds(
     margin: float,
     confidence: float = 0.95,
     items: int | None = None,
+    score_range: float | None = None,
 ) -> Comparison:
     """Δ of mean accuracies from per-seed values and their binomial standard errors (points).
 
     Seed noise: s²/n per side (needs n >= 2 on a side, else that side contributes only item
     noise and the note says so). Item noise: mean(se²) per side. Missing stderr: seed noise only.
+    With `items` and `score_range` (100 for a 0/1 metric in points) known, a stderr is raised to
+    `binomial_floor`, so 0% or 100% accuracy (stderr 0) does not count as noise-free. A side whose
+    seeds agree and whose stderr is 0 or unknown has no noise estimate: no test.
     """
     a, b = np.asarray(x, float), np.asarray(y, float)
     ea, eb = np.asarray(se_x, float), np.asarray(se_y, float)
@@ -267,6 +340,10 @@ def binomial_seeds(
     if nx == 0 or ny == 0:
         return _none("no data", margin, BINOMIAL, nx, ny)
     delta = float(a.mean() - b.mean())
+    floor_a, floor_b = binomial_floor(a, items, score_range), binomial_floor(b, items, score_range)
+    floored = bool(np.any(floor_a > ea) or np.any(floor_b > eb))  # NaN compares False
+    ea = np.where(np.isfinite(ea), np.fmax(ea, floor_a), ea)
+    eb = np.where(np.isfinite(eb), np.fmax(eb, floor_b), eb)
     seed_terms = [(float(v.var(ddof=1)) / v.size, v.size - 1) for v in (a, b) if v.size >= 2]
     item_a = float(np.mean(ea**2)) if np.isfinite(ea).all() and ea.size else NAN
     item_b = float(np.mean(eb**2)) if np.isfinite(eb).all() and eb.size else NAN
@@ -277,9 +354,17 @@ def binomial_seeds(
         notes.append("seed noise not estimable (a side has 1 seed)")
     if len(item_terms) < 2:
         notes.append("item noise unknown (no accuracy_stderr)")
+    if floored:
+        notes.append("stderr raised to the ½ pseudo-count floor (accuracy at or near 0% or 100%)")
     terms = seed_terms + item_terms
     var = sum(v for v, _ in terms)
-    if (len(seed_terms) < 2 and len(item_terms) < 2) or var <= 0:  # a side would count as noise-free
+    side_noise = [  # a side with none would count as noise-free
+        (float(v.var(ddof=1)) / v.size if v.size >= 2 else 0.0) + (e if math.isfinite(e) else 0.0)
+        for v, e in ((a, item_a), (b, item_b))
+    ]
+    if (len(seed_terms) < 2 and len(item_terms) < 2) or var <= 0 or min(side_noise) <= 0:
+        if var > 0 and min(side_noise) <= 0:
+            notes.append("a side has no noise estimate (its seeds agree and its stderr is 0 or unknown): no test")
         return Comparison(
             delta, NAN, NAN, NAN, NAN, NAN, NAN, margin, BINOMIAL, nx, ny, items or 0, False, None,
             "; ".join(notes) or "zero variance: no test",
@@ -301,6 +386,20 @@ def binomial_seeds(
         delta, delta - h, delta + h, p, tost, delta - h2, delta + h2, margin, BINOMIAL, nx, ny,
         items or 0, False, parts, "; ".join(notes),
     )  # fmt: skip
+
+
+def binomial_floor(acc: np.ndarray, items: int | None, score_range: float | None) -> np.ndarray:
+    """Smallest stderr (points) each accuracy can claim: Wald with ½ pseudo-count per binomial cell.
+
+    p~ = (k + ½) / (n + 1) with k = the number of items right, stderr = range·sqrt(p~(1 - p~) / (n + 1)).
+    Below lm-eval's stderr sqrt(p(1 - p) / (n - 1)) except near 0% or 100%, where that one goes to 0
+    (100% on 40 items: 1.7 points instead of 0). NaN when the items or the range are unknown.
+    """
+    if not items or items < 1 or score_range is None or score_range <= 0:
+        return np.full(np.shape(acc), NAN)
+    n = float(items)
+    p = (np.clip(np.asarray(acc, float) / score_range, 0.0, 1.0) * n + PSEUDO) / (n + 2 * PSEUDO)
+    return score_range * np.sqrt(p * (1 - p) / (n + 2 * PSEUDO))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

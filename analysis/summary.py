@@ -81,7 +81,7 @@ def find_reference(group: Group, policy: str, candidates: Sequence[Group]) -> Gr
 ACC_BOUNDS = (0.0, 100.0)
 COMPARISON_COLUMNS = (
     "delta_pts", "delta_low", "delta_high", "p", "tost_p", "tost_low", "tost_high", "method", "items",
-    "paired_seeds", "delta_note", "needed",
+    "paired_seeds", "delta_note", "needed", "discordant",
 )  # fmt: skip
 
 
@@ -152,7 +152,7 @@ def _comparison_cols(c: Comparison | None, note: str, options: ReportOptions) ->
         "delta_pts": c.delta, "delta_low": c.low, "delta_high": c.high, "p": c.p, "tost_p": c.tost_p,
         "tost_low": c.tost_low, "tost_high": c.tost_high, "method": c.method, "items": c.items,
         "paired_seeds": c.paired_seeds, "delta_note": c.note, "needed": needed(c, options.alpha),
-        "margin_ok": c.inside_margin(),
+        "margin_ok": c.inside_margin(), "discordant": c.discordant,
     }  # fmt: skip
 
 
@@ -309,11 +309,13 @@ def acc_text(r: Mapping[Any, Any], options: ReportOptions) -> str:
 
 
 def _evidence_text(row: Mapping[Any, Any]) -> str:
-    """'paired bootstrap, 3 seeds x 400 items' / 'binomial + seeds, 2 seeds'."""
+    """'paired bootstrap over 3 seed(s) x 400 items (12 discordant), paired seeds' / 'binomial + seeds, 2 seed(s)'."""
     n = int(row["n_seeds"])
     if row["method"] == "paired bootstrap":
         pairing = "paired seeds" if row["paired_seeds"] else "unpaired seeds"
-        return f"{row['method']} over {n} seed(s) x {int(row['items'])} items, {pairing}"
+        k = row.get("discordant")
+        disc = f" ({int(k)} discordant)" if fmt.ok(k) and int(k) >= 0 else ""
+        return f"{row['method']} over {n} seed(s) x {int(row['items'])} items{disc}, {pairing}"
     return f"{row['method']}, {n} seed(s)" if row["method"] else f"{n} seed(s)"
 
 

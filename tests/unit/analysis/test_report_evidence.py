@@ -11,7 +11,7 @@ import pytest
 
 from analysis import ReportOptions, generate_report
 from analysis.compare import Evidence
-from analysis.summary import build_summary
+from analysis.summary import build_summary, verdict_lines
 from analysis.synthetic import SynthTrial, write_sweep
 from analysis.tidy import dedupe_trials, tidy_runs
 
@@ -229,3 +229,21 @@ def test_malformed_sample_lines_are_skipped(tmp_path: Path, caplog: pytest.LogCa
     frame = read_samples(path)
     assert frame["doc_id"].tolist() == [0, 2] and frame["value"].tolist() == [1.0, 0.0]
     assert "2 malformed line(s) skipped" in caplog.text
+
+
+def test_identical_answers_on_40_items_are_not_called_equivalent() -> None:
+    """`experiment=quick` after 20 steps: every policy still answers like the base model (2 seeds x 40 items)."""
+    answers = (np.random.default_rng(5).random(40) < 0.19).astype(float)
+    trials = [
+        SynthTrial(p, s, accuracy=float(answers.mean()), samples={TASK: answers.tolist()},
+                   metrics={f"eval/{TASK}/acc": float(answers.mean())})
+        for p in ("bf16", "fp8_naive") for s in (0, 1)
+    ]  # fmt: skip
+    tidy = dedupe_trials(tidy_runs(_raw(trials)))[0]
+    options = ReportOptions(bootstrap_reps=4000)
+    s = build_summary(tidy, options, evidence=Evidence.of(_samples(trials)))
+    naive = s.set_index("policy").loc["fp8_naive"]
+    assert naive["method"] == "paired bootstrap" and naive["discordant"] == 0 and naive["delta_pts"] == 0.0
+    assert not naive["equivalent"] and not naive["significant"] and naive["tost_p"] > 0.2
+    line = next(x for x in verdict_lines(s, options) if x.startswith("fp8_naive"))
+    assert "not distinguishable" in line and "x 40 items (0 discordant)" in line and "as good as" not in line

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from analysis.paired import VarianceParts, binomial_seeds, holm, needed, paired_bootstrap
+from analysis.paired import VarianceParts, binomial_floor, binomial_seeds, holm, needed, paired_bootstrap
 
 
 def test_one_seed_matches_scipy_percentile_bootstrap() -> None:
@@ -39,7 +39,9 @@ def test_seed_noise_enters_through_seed_resampling() -> None:
     d = np.repeat(b[:, None], 50, axis=1)  # differences constant within a seed: only seed noise
     c = paired_bootstrap(d, np.zeros_like(d), paired_seeds=True, margin=1.0, reps=20_000, seed=2)
     assert (c.high - c.low) / (2 * 1.96) == pytest.approx(b.std(ddof=0) / 2, rel=0.1)
-    assert c.parts is not None and c.parts.item == pytest.approx(0.0) and c.parts.seed == pytest.approx(b.var(ddof=1))
+    # no item noise in the data: the item term is only the pseudo-count's (m/n)² x n, m = the 1.5-point item difference
+    assert c.parts is not None and c.parts.seed == pytest.approx(b.var(ddof=1))
+    assert c.parts.item == pytest.approx(1.5**2 / 50)
 
 
 def test_pairing_removes_shared_item_difficulty() -> None:
@@ -131,3 +133,87 @@ def test_needed_names_seeds_or_items() -> None:
     assert "items at 3 seeds" in text or "neither alone" in text
     one = paired_bootstrap(x[:1], y[:1], paired_seeds=True, margin=2.0, reps=500, seed=0)
     assert "at least 3 seeds" in needed(one, 0.05)
+
+
+# ----------------------------------------------------------------- few or no discordant items
+
+
+def _same_answers(seeds: int, items: int, p: float = 0.19) -> np.ndarray:
+    """seeds x items 0/100 scores, every seed answering alike (an adapter that has not moved yet)."""
+    return np.tile((np.random.default_rng(11).random(items) < p) * 100.0, (seeds, 1))
+
+
+def test_no_discordant_item_of_40_is_not_equivalence() -> None:
+    """2 seeds x 40 items answered identically: Δ = 0 exactly, but 40 items cannot exclude 2 points."""
+    x = _same_answers(2, 40)
+    c = paired_bootstrap(x, x.copy(), paired_seeds=True, margin=2.0, reps=20_000, seed=4, score_range=100.0)
+    assert c.delta == 0.0 and c.discordant == 0 and c.tested
+    assert not c.inside_margin() and c.low <= -2.0 and c.high >= 2.0
+    # each replicate is 100/40 x (N+ - N-), N± ~ Poisson(1/2): TOST p = P(Skellam >= 1)
+    assert c.tost_p == pytest.approx(st.skellam.sf(0, 0.5, 0.5), abs=0.015) and c.tost_p > 0.2
+    assert c.p == pytest.approx(1.0)
+    assert "items at 2 seeds" in needed(c, 0.05) and "pseudo-count" in c.note
+
+
+def test_no_or_few_discordant_items_of_thousands_can_be_equivalent() -> None:
+    x = _same_answers(2, 2000)
+    c = paired_bootstrap(x, x.copy(), paired_seeds=True, margin=2.0, reps=5000, seed=4, score_range=100.0)
+    assert c.inside_margin() and c.tost_p < 0.01 and c.high - c.low < 0.5
+    y = _same_answers(2, 3000)
+    flip = np.flatnonzero(y[0] == 0)[:3]
+    y[:, flip] = 100.0  # 3 items of 3000 answered differently, all one way
+    c3 = paired_bootstrap(y, _same_answers(2, 3000), paired_seeds=True, margin=2.0, reps=5000, seed=4,
+                          score_range=100.0)  # fmt: skip
+    assert c3.discordant == 3 and c3.delta == pytest.approx(0.1)
+    assert c3.inside_margin() and c3.tost_p < 0.01
+
+
+def test_few_discordant_items_make_the_difference_test_cautious() -> None:
+    """3 of 40 items better, none worse: McNemar's exact p = 0.25; the bare percentile bootstrap says ~0.1."""
+    y = _same_answers(1, 40)
+    x = y.copy()
+    x[0, np.flatnonzero(y[0] == 0)[:3]] = 100.0
+    c = paired_bootstrap(x, y, paired_seeds=True, margin=2.0, reps=20_000, seed=1, score_range=100.0)
+    assert c.delta == pytest.approx(7.5) and c.discordant == 3
+    assert c.p > 0.15 and c.low <= 0.0 < c.high
+
+
+def test_many_discordant_items_keep_the_bootstrap_interval() -> None:
+    """The pseudo-count adds (range/items)² = 0.0625 points² to a variance of ~9 here: no visible change."""
+    rng = np.random.default_rng(3)
+    x = (rng.random((1, 400)) < 0.80) * 100.0
+    y = (rng.random((1, 400)) < 0.70) * 100.0
+    with_range = paired_bootstrap(x, y, paired_seeds=True, margin=2.0, reps=20_000, seed=1, score_range=100.0)
+    d = (x - y)[0]
+    se = d.std(ddof=0) / math.sqrt(d.size)
+    assert (with_range.high - with_range.low) / (2 * 1.96) == pytest.approx(se, rel=0.04)
+    assert with_range.note == ""
+
+
+def test_identical_scores_of_unknown_range_get_no_test() -> None:
+    x = np.full((2, 30), 5.0)
+    c = paired_bootstrap(x, x.copy(), paired_seeds=True, margin=2.0, reps=500, seed=0)
+    assert not c.tested and not c.inside_margin() and "no test" in c.note and c.delta == 0.0
+
+
+def test_binomial_floor_hand_computed() -> None:
+    p = 40.5 / 41  # 40 of 40 right plus half a right and half a wrong answer
+    assert binomial_floor(np.array([100.0]), 40, 100.0)[0] == pytest.approx(100 * math.sqrt(p * (1 - p) / 41))
+    assert np.isnan(binomial_floor(np.array([100.0]), None, 100.0)).all()
+    assert np.isnan(binomial_floor(np.array([100.0]), 40, None)).all()
+    # away from 0% and 100% lm-eval's stderr sqrt(p(1-p)/(n-1)) is larger: the floor does not bind
+    assert binomial_floor(np.array([50.0]), 400, 100.0)[0] < 100 * math.sqrt(0.25 / 399)
+
+
+def test_binomial_at_100_percent_with_zero_stderr() -> None:
+    """Every seed 100% (stderr 0, seed variance 0) on both sides: not noise-free, not equivalent on 40 items."""
+    kw = dict(margin=2.0, score_range=100.0)
+    c40 = binomial_seeds([100.0, 100.0], [0.0, 0.0], [100.0, 100.0], [0.0, 0.0], items=40, **kw)
+    assert c40.tested and not c40.inside_margin() and c40.tost_p > 0.05 and "pseudo-count floor" in c40.note
+    c2000 = binomial_seeds([100.0, 100.0], [0.0, 0.0], [100.0, 100.0], [0.0, 0.0], items=2000, **kw)
+    assert c2000.inside_margin() and c2000.tost_p < 0.01
+    # nothing to floor with (items unknown): one side would count as noise-free -> no test
+    one = binomial_seeds([100.0, 100.0], [0.0, 0.0], [80.0, 84.0], [2.0, 2.0], margin=2.0)
+    assert not one.tested and "no noise estimate" in one.note
+    both = binomial_seeds([0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], margin=2.0)
+    assert not both.tested
