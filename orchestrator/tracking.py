@@ -157,6 +157,57 @@ def close_unfinished(client: MlflowClient, run_ids: list[str], status: str, reas
             client.set_terminated(run_id, status)
 
 
+def close_lost_runs(client: MlflowClient, uri: str, experiment_id: str, sweep_id: str | None = None,
+                    own: bool = False) -> list[str]:
+    """Runs left RUNNING/SCHEDULED by a sweep driver that died (SIGKILL, OOM killer, lost node):
+    KILLED with reason `driver lost` and the dead holder in `fp8lab.driver_lost`. A sweep whose
+    driver is alive is left alone; `own=True` (the caller holds the sweep's lease) skips that
+    check. Returns one line per sweep closed, for the caller to print."""
+    from orchestrator import lease  # noqa: PLC0415 - fcntl-only module, kept out of import time
+
+    where = f" and tags.`fp8lab.sweep_id` = '{sweep_id}'" if sweep_id else ""
+    stale: dict[str, list[Any]] = {}
+    for status in ("RUNNING", "SCHEDULED"):  # MLflow's search has no IN for attributes.status
+        for run in client.search_runs([experiment_id], f"attributes.status = '{status}'{where}", max_results=5000):
+            if run.data.tags.get("fp8lab.sweep_id"):
+                stale.setdefault(run.data.tags["fp8lab.sweep_id"], []).append(run)
+    lines = []
+    for sid, runs in stale.items():
+        parent_id = find_parent(client, experiment_id, sid)
+        parent_tags = client.get_run(parent_id).data.tags if parent_id else {}
+        if not own and lease.driver_alive(uri, sid, parent_tags):
+            continue
+        holder = parent_tags.get(lease.DRIVER_TAG, "unknown driver")
+        tags = [RunTag("fp8lab.reason", lease.DRIVER_LOST), RunTag(lease.DRIVER_LOST_TAG, holder)]
+        for run in runs:
+            extra = [RunTag("fp8lab.status", "KILLED")] if run.data.tags.get("fp8lab.role") == TRIAL_ROLE else []
+            client.log_batch(run.info.run_id, tags=tags + extra)
+            client.set_terminated(run.info.run_id, "KILLED")
+        trials = sum(r.data.tags.get("fp8lab.role") == TRIAL_ROLE for r in runs)
+        lines.append(f"sweep {sid}: its driver ({holder}) was lost; {trials} unfinished trial run(s) "
+                     f"marked KILLED (reason: {lease.DRIVER_LOST})")
+    return lines
+
+
+def close_lost_in_store(uri: str, experiment_name: str | None = None) -> list[str]:
+    """`close_lost_runs` over one experiment (or all), for `fp8lab report`: the report then shows
+    those runs as KILLED with reason `driver lost` instead of forever RUNNING. A store that does
+    not exist yet is left uncreated (the report says it is missing)."""
+    from orchestrator import lease  # noqa: PLC0415
+
+    local = lease.local_store_path(uri)
+    if local is not None and not local.exists():
+        return []
+    lease.ready_store(uri)
+    client = MlflowClient(uri)
+    if experiment_name:
+        found = client.get_experiment_by_name(experiment_name)
+        experiments = [found] if found is not None else []
+    else:
+        experiments = client.search_experiments()
+    return [line for e in experiments for line in close_lost_runs(client, uri, e.experiment_id)]
+
+
 def mark_killed(client: MlflowClient, run_id: str, reason: str) -> None:
     """An interrupted trial's run is KILLED whatever state it reached on the way out."""
     client.log_batch(run_id, tags=[RunTag("fp8lab.status", "KILLED"), RunTag("fp8lab.reason", reason)])
