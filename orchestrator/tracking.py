@@ -7,6 +7,7 @@ could not close (worker died, sweep interrupted).
 from __future__ import annotations
 
 import functools
+import shutil
 import socket
 import urllib.error
 import urllib.request
@@ -23,6 +24,7 @@ from workloads.preflight import folder_is_writable  # torch-free module
 from orchestrator.matrix import TrialSpec
 
 TRIAL_ROLE, SWEEP_ROLE = "trial", "sweep"
+MIN_FREE_BYTES = 16 * 2**20  # a sweep's runs, params and metrics need some room; less is a full disk
 COMPLETE = ("FINISHED", "DIVERGED")  # trial statuses that are a result; FAILED/KILLED are rerun
 
 
@@ -42,6 +44,10 @@ def check_store(uri: str, timeout_s: float = 5.0) -> None:
             raise UserInputError(f"tracking.uri: folder {folder} does not exist (fix: create it or point tracking.uri elsewhere)")
         if not folder_is_writable(folder):
             raise UserInputError(f"tracking.uri: folder {folder} is not writable (fix: choose a writable folder)")
+        free = shutil.disk_usage(folder).free
+        if free < MIN_FREE_BYTES:
+            raise UserInputError(f"tracking.uri: the disk holding {folder} is full ({free // 1024} KiB free) "
+                                 "(fix: free space, or point tracking.uri=sqlite:///<path on another disk>/mlflow.db)")
     elif parsed.scheme not in ("file", "") and parsed.scheme not in ("postgresql", "mysql", "databricks"):
         raise UserInputError(f"tracking.uri: unsupported scheme '{parsed.scheme}' (fix: sqlite:///mlflow.db or http://host:port)")
 
