@@ -1,6 +1,7 @@
 """One driver per sweep, lost drivers closed, a new store migrated once (orchestrator.lease)."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -66,24 +68,24 @@ def test_server_store_lease_is_the_parent_heartbeat() -> None:
     mine.check_parent({**fresh, lease.DRIVER_TAG: mine.holder.describe()})  # our own heartbeat
 
 
+def _open_store(uri: str, barrier: Any) -> None:
+    barrier.wait()  # both processes open the new store at the same instant
+    lease.ready_store(uri)
+    MlflowClient(uri).search_experiments()
+
+
 def test_concurrent_first_use_of_a_new_store_migrates_it_once(tmp_path: Path) -> None:
-    """Two processes open the same new SQLite store at the same instant (both ready, then go);
-    without the init lock two Alembic migrations race (`table _alembic_tmp_tags already exists`)."""
+    """Two processes open the same new SQLite store at once; without the init lock two Alembic
+    migrations race (`table _alembic_tmp_tags already exists`). Forked: MLflow is already imported."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code = textwrap.dedent(f"""
-        import os, pathlib, sys, time
-        from mlflow.tracking import MlflowClient
-        from orchestrator.lease import ready_store
-        pathlib.Path({str(tmp_path)!r}, "ready-" + sys.argv[1]).touch()
-        while len(list(pathlib.Path({str(tmp_path)!r}).glob("ready-*"))) < 2:
-            time.sleep(0.01)
-        ready_store({uri!r})
-        MlflowClient({uri!r}).search_experiments()
-    """)
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(i)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    errors = [p.communicate(timeout=120)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errors)
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_open_store, args=(uri, barrier)) for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    assert [proc.exitcode for proc in procs] == [0, 0]
     client = MlflowClient(uri)
     assert client.create_experiment("after") and client.get_experiment_by_name("after")
 
