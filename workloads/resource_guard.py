@@ -8,10 +8,12 @@ dimension, and a memory estimate of one trial against the memory one trial gets.
 The estimate (bytes), deliberately simple and stated in the refusal so users can check it:
 - weights: parameters x bytes of `model.dtype`;
 - adapters: r x (in + out) per adapted linear, x 16 (FP32 value, gradient, two Adam moments);
-- activations kept for the backward pass: batch x seq x hidden x layers x (34 + 5 x heads x seq /
-  hidden) x (bytes/2) (the per-layer count of Korthikanti et al. 2022, "Reducing Activation
-  Recomputation in Large Transformer Models", for 16-bit activations), plus the FP32 logits,
-  their softmax and gradient: batch x seq x vocab x 12.
+- activations kept for the backward pass: batch x seq x hidden x layers x 34 x (bytes/2) (the
+  per-layer count of Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models", for 16-bit activations, without their 5 x heads x seq / hidden term for
+  stored attention scores: transformers' default SDPA attention uses flash kernels, on CPU too,
+  which keep no seq x seq matrix), plus the FP32 logits, their softmax and gradient:
+  batch x seq x vocab x 12. It is an upper bound for LoRA (a frozen base needs fewer).
 Memory one trial gets: on a GPU, the GPU's memory x `cluster.gpus_per_trial`; on CPU, the host's
 RAM x `cluster.cpus_per_trial` / the CPUs the local Ray gets (the trials that run side by side
 share it). Against a remote cluster (`cluster.address`) the driver cannot see the nodes'
@@ -67,10 +69,10 @@ def estimate(config: dict[str, Any], facts: ModelFacts) -> Estimate:
     train, rank = config["train"], int(config["lora"]["r"])
     bytes_per = CONFIG_DTYPE_BYTES.get(config["model"]["dtype"], 4)
     hidden, layers = int(cfg.get("hidden_size", 0)), int(cfg.get("num_hidden_layers", 0))
-    heads, vocab = int(cfg.get("num_attention_heads", 1)), int(cfg.get("vocab_size", 0))
+    vocab = int(cfg.get("vocab_size", 0))
     batch, seq = int(train["batch_size"]), int(train["max_seq_len"])
     adapters = sum(rank * (a + b) for a, b in adapted_layers(facts, config["lora"]["target_modules"]).values()) * 16
-    per_layer = batch * seq * hidden * (34 + 5 * heads * seq / max(hidden, 1)) * bytes_per / 2
+    per_layer = batch * seq * hidden * 34 * bytes_per / 2
     activations = int(per_layer * layers + batch * seq * vocab * 12)
     return Estimate(facts.n_params * bytes_per, adapters, activations)
 
