@@ -99,7 +99,8 @@ def check_store_exists(tracking_uri: str) -> None:
         path = Path(tracking_uri[len("sqlite:///") :].split("?", 1)[0])
         if str(path) not in ("", ":memory:") and not path.exists():
             raise ReportError(
-                f"no MLflow store at {path.resolve()}; pass --tracking-uri of the store your sweep wrote "
+                f"no MLflow store at {path.resolve()}; pass tracking.uri=sqlite:///<path>/mlflow.db of the store your sweep "
+                "wrote (--tracking-uri with python -m analysis) "
                 "(or run the report from the folder that has mlflow.db)"
             )
 
@@ -173,7 +174,8 @@ def resolve_sweep(tracking_uri: str, experiment: str | None, sweep_id: str | Non
         scope = exps
     if not scope:
         raise ReportError(
-            f"no experiments in {shown_uri}; run a sweep first or pass --tracking-uri of the store that has it"
+            f"no experiments in {shown_uri}; run a sweep first or pass tracking.uri=<the store that has it> "
+            "(--tracking-uri with python -m analysis)"
         )
     scope_ids = [e.experiment_id for e in scope]
     names = {e.experiment_id: e.name for e in exps}
@@ -221,7 +223,8 @@ def resolve_sweep(tracking_uri: str, experiment: str | None, sweep_id: str | Non
         where = f"experiment {experiment!r}" if experiment else shown_uri
         raise ReportError(
             f"no sweeps (runs tagged {ROLE_TAG}=sweep) in {where}; run `fp8lab sweep` first, "
-            "or pass --tracking-uri / --experiment pointing at the store that has them"
+            "or pass tracking.uri=<store> (--tracking-uri with python -m analysis) / --experiment pointing at the store "
+            "that has them"
         )
     p = latest[0]
     sid = p.data.tags.get(SWEEP_TAG, "")

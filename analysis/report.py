@@ -8,7 +8,6 @@ histories, telemetry, env info) degrades to "n/a" or a note; only user errors ra
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from analysis.document import ReportInputs, build_document
 from analysis.environment import environment_items
 from analysis.errors import ReportError
 from analysis.figures import all_figures
-from analysis.files import write_atomic
+from analysis.files import write_folder_atomic
 from analysis.options import ReportOptions
 from analysis.render import to_html, to_markdown
 from analysis.summary import ablation_table, build_summary
@@ -88,25 +87,6 @@ def _runs_csv(trials: pd.DataFrame, superseded: pd.DataFrame) -> str:
     both = pd.concat([trials.assign(superseded_by=""), superseded], ignore_index=True)
     first = [c for c in _RUNS_CSV_FIRST if c in both.columns]
     return both[first + [c for c in both.columns if c not in first]].to_csv(index=False)
-
-
-def _prune_stale(out_dir: Path, written: list[Path]) -> None:
-    """Delete files an earlier report wrote here that this one did not (e.g. a figure of a policy
-    no longer in the sweep), so the folder never mixes two reports. Only files listed in our own
-    manifest are touched; anything else in `out_dir` is left alone.
-    """
-    manifest = out_dir / MANIFEST
-    keep = {p.resolve() for p in written}
-    try:
-        previous = json.loads(manifest.read_text(encoding="utf-8")).get("files", [])
-    except (OSError, ValueError, AttributeError):
-        previous = []
-    for rel in previous:
-        old = (out_dir / str(rel)).resolve()
-        if old.is_relative_to(out_dir.resolve()) and old not in keep and old.is_file():
-            old.unlink()
-    files = sorted(p.relative_to(out_dir).as_posix() for p in written)
-    write_atomic(manifest, json.dumps({"files": files}, indent=1) + "\n")
 
 
 def generate_report(
@@ -203,14 +183,19 @@ def generate_report(
         )
     )
 
-    fig_paths = tuple(write_atomic(out_dir / FIGURE_DIR / f"{f.name}.png", f.png) for f in figures)
-    summary_csv = write_atomic(out_dir / "summary.csv", summary.to_csv(index=False))
-    runs_csv = write_atomic(out_dir / "runs.csv", _runs_csv(trials, superseded))
-    abl_csv = write_atomic(out_dir / "ablations.csv", ablations.to_csv(index=False)) if len(ablations) else None
-    report_html = write_atomic(out_dir / "report.html", to_html(doc))
-    report_md = write_atomic(out_dir / "report.md", to_markdown(doc, FIGURE_DIR))
-    written = [report_md, report_html, summary_csv, runs_csv, *([abl_csv] if abl_csv else []), *fig_paths]
-    _prune_stale(out_dir, written)
+    payloads: dict[str, bytes | str] = {f"{FIGURE_DIR}/{f.name}.png": f.png for f in figures}
+    payloads.update({"summary.csv": summary.to_csv(index=False), "runs.csv": _runs_csv(trials, superseded),
+                     "report.html": to_html(doc), "report.md": to_markdown(doc, FIGURE_DIR)})
+    if len(ablations):
+        payloads["ablations.csv"] = ablations.to_csv(index=False)
+    try:  # the whole folder at once: never a mix of two reports, nothing changed on failure
+        written = write_folder_atomic(out_dir, payloads, MANIFEST)
+    except OSError as exc:
+        raise ReportError(f"report.out: cannot write the report to {out_dir}: {exc.strerror or exc} (fix: free space "
+                          "or choose a writable folder with --out / report.out; nothing there was changed)") from None
+    fig_paths = tuple(out_dir / name for name in payloads if name.startswith(f"{FIGURE_DIR}/"))
+    report_md, report_html, summary_csv, runs_csv = (out_dir / n for n in ("report.md", "report.html", "summary.csv", "runs.csv"))
+    abl_csv = out_dir / "ablations.csv" if len(ablations) else None
     t = lap("write", t)
 
     logged_to = None

@@ -173,13 +173,18 @@ def _print_outcome(outcome: Any, out: Any) -> None:
 
 
 def _report_after_sweep(plan: Any, out: Any) -> None:
-    """The sweep ends with its report; a report problem is shown but never fails the sweep."""
+    """The sweep ends with its report; a report problem is shown (one line) but never changes the
+    sweep's exit status: the trials' results are in MLflow whatever happens to the files."""
     from analysis.report import generate_report
 
     try:
         result = _run_report(plan.config, plan.tracking_uri, plan.config["sweep"]["name"], plan.sweep_id, False, None, generate_report)
     except UserInputError as exc:
-        out.print(f"Report not written: {exc}")
+        out.print(f"Report not written: {exc} (the sweep's results are in MLflow; rerun `fp8lab report` when fixed)")
+        return
+    except Exception as exc:  # noqa: BLE001 - a report bug must not fail a sweep whose trials finished
+        out.print(f"Report not written: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+                  "(the sweep's results are in MLflow; rerun `fp8lab report`)")
         return
     out.print(f"Report: {result.report_html} (also report.md, summary.csv, figures/; logged to the sweep's parent run)")
 
@@ -212,10 +217,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     config = _composed(args)
     uri = absolute_uri(config["tracking"]["uri"])
     experiment = args.experiment or (config["sweep"]["name"] if args.all else None)
+    _close_lost_drivers(uri, experiment)
     result = _run_report(config, uri, experiment, args.sweep_id, args.all, args.out, generate_report)
     print(f"Report written to {result.out_dir}: report.html, report.md, summary.csv, figures/ "
           f"({result.n_runs} trials, {result.n_counted} in the statistics)")
     return 0
+
+
+def _close_lost_drivers(uri: str, experiment: str | None) -> None:
+    """Runs whose sweep driver died are closed (KILLED, reason `driver lost`) before the report
+    reads them; a store this cannot write (read-only copy) is reported as it is."""
+    from orchestrator.tracking import close_lost_in_store
+
+    try:
+        lines = close_lost_in_store(uri, experiment)
+    except Exception as exc:  # noqa: BLE001 - the report itself still runs and names store problems
+        print(f"fp8lab: warning: could not check for runs of lost drivers: {str(exc).splitlines()[0] if str(exc) else exc!r}",
+              file=sys.stderr)
+        return
+    for line in lines:
+        print(f"fp8lab: {line}", file=sys.stderr)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:

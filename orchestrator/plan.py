@@ -26,6 +26,7 @@ class SweepPlan:
     sweep_id: str
     tracking_uri: str
     skipped: dict[str, str] = field(default_factory=dict)  # trial_id -> FINISHED run id
+    force: bool = False  # rerun finished trials too
 
     @property
     def to_run(self) -> list[TrialSpec]:
@@ -55,7 +56,7 @@ def plan_sweep(overrides: list[str], config_dir: str | None, force: bool, check_
             problems += exc.problems
     if problems:
         raise UserInputError(problems)
-    plan = SweepPlan(config, specs, sweep_id_for(config["sweep"]["name"], specs), uri)
+    plan = SweepPlan(config, specs, sweep_id_for(config["sweep"]["name"], specs), uri, force=force)
     if not force:
         plan.skipped = _already_finished(uri, config["sweep"]["name"], specs)
     return plan
@@ -84,6 +85,9 @@ def _already_finished(uri: str, experiment_name: str, specs: list[TrialSpec]) ->
 
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         return {}  # no store yet: nothing finished, and don't create one before the sweep really starts
+    from orchestrator.lease import ready_store  # noqa: PLC0415
+
+    ready_store(uri)  # another driver may be creating this store right now: wait for it, never migrate twice
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:

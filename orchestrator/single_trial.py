@@ -36,6 +36,9 @@ def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, 
     from workloads.entry import run  # the trial runs here: the training stack is needed anyway
 
     spec = TrialSpec(tuple(overrides), {}, config, compute_trial_id(config))
+    from orchestrator.lease import ready_store
+
+    ready_store(uri)  # a sweep may be creating the same store right now: never migrate it twice
     client = MlflowClient(uri)
     experiment_id = tracking.ensure_experiment(client, config["sweep"]["name"], config["tracking"]["artifact_location"])
     run_id = tracking.create_trial_run(client, experiment_id, spec, None, None, flatten_params(config))

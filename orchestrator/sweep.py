@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from rich.live import Live
 
 from orchestrator import progress as progress_mod
+from orchestrator import lease as lease_mod
 from orchestrator import ray_runner, tracking
 from orchestrator.matrix import policy_label, resolved_yaml
 from orchestrator.params import flatten_params
@@ -43,20 +44,22 @@ class Interrupted(KeyboardInterrupt):
 def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
     """Schedule the plan's trials on Ray, show live progress, return every result.
 
-    On a local Ray the MLflow store and experiment are set up in a thread while Ray starts (a
-    fresh SQLite store takes seconds to create): the plan has already checked everything that
-    could refuse a local sweep (`ray_runner.check_local_resources`), so nothing is written for a
-    sweep that then does not run. Against a cluster, the cluster is checked first.
+    The sweep's lease is taken first (`orchestrator.lease`): a second driver of the same sweep is
+    refused before it starts Ray. On a local Ray the MLflow store and experiment are set up in a
+    thread while Ray starts (a fresh SQLite store takes seconds to create): the plan has already
+    checked everything that could refuse a local sweep (`ray_runner.check_local_resources`), so
+    nothing is written for a sweep that then does not run. Against a cluster, the cluster is
+    checked first.
     """
     cluster = plan.config["cluster"]
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with lease_mod.SweepLease(plan.tracking_uri, plan.sweep_id) as lease, ThreadPoolExecutor(max_workers=1) as pool:
         early = None if cluster["address"] else pool.submit(_experiment_for, plan)
         ray_runner.init_ray(cluster)
         try:
             ray_runner.check_resources(cluster)
             ray_runner.check_store_for_cluster(cluster, plan.tracking_uri, plan.config["tracking"]["artifact_location"])
             experiment_id = early.result() if early else _experiment_for(plan)
-            return _execute(plan, console, cluster, experiment_id)
+            return _execute(plan, console, cluster, experiment_id, lease)
         finally:
             import ray
 
@@ -64,15 +67,33 @@ def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
 
 
 def _experiment_for(plan: SweepPlan) -> str:
+    lease_mod.ready_store(plan.tracking_uri)
     client = MlflowClient(plan.tracking_uri)
     return tracking.ensure_experiment(client, plan.config["sweep"]["name"], plan.config["tracking"]["artifact_location"])
 
 
-def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_id: str) -> SweepOutcome:
+def _take_over(plan: SweepPlan, client: MlflowClient, experiment_id: str, lease: lease_mod.SweepLease, console: Any) -> None:
+    """With the lease held: refuse a live driver of a server store, close what a lost driver left
+    RUNNING, and recount what is finished (a driver that held the lease until a moment ago may
+    have finished trials this plan still meant to run)."""
+    parent = tracking.find_parent(client, experiment_id, plan.sweep_id)
+    if parent:
+        lease.check_parent(client.get_run(parent).data.tags)
+    for line in tracking.close_lost_runs(client, plan.tracking_uri, experiment_id, plan.sweep_id, own=True):
+        console.print(line)
+    if not plan.force:
+        finished = tracking.finished_trials(client, experiment_id)
+        plan.skipped = {s.trial_id: finished[s.trial_id] for s in plan.specs if s.trial_id in finished}
+
+
+def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_id: str,
+             lease: lease_mod.SweepLease) -> SweepOutcome:
     client = MlflowClient(plan.tracking_uri)
     ray_runner.check_artifact_root(client.get_experiment(experiment_id).artifact_location, plan.config["sweep"]["name"])
+    _take_over(plan, client, experiment_id, lease, console)
     parent = tracking.open_parent_run(client, experiment_id, plan.sweep_id, plan.config["sweep"]["name"],
                                       resolved_yaml(plan.config), [s.trial_id for s in plan.specs])
+    lease.start_heartbeat(client, parent)
     board = progress_mod.ProgressBoard.remote()
     results: dict[str, dict[str, Any]] = {}
     run_ids: dict[str, str] = {}

@@ -7,6 +7,7 @@ could not close (worker died, sweep interrupted).
 from __future__ import annotations
 
 import functools
+import shutil
 import socket
 import urllib.error
 import urllib.request
@@ -23,6 +24,7 @@ from workloads.preflight import folder_is_writable  # torch-free module
 from orchestrator.matrix import TrialSpec
 
 TRIAL_ROLE, SWEEP_ROLE = "trial", "sweep"
+MIN_FREE_BYTES = 16 * 2**20  # a sweep's runs, params and metrics need some room; less is a full disk
 COMPLETE = ("FINISHED", "DIVERGED")  # trial statuses that are a result; FAILED/KILLED are rerun
 
 
@@ -42,6 +44,10 @@ def check_store(uri: str, timeout_s: float = 5.0) -> None:
             raise UserInputError(f"tracking.uri: folder {folder} does not exist (fix: create it or point tracking.uri elsewhere)")
         if not folder_is_writable(folder):
             raise UserInputError(f"tracking.uri: folder {folder} is not writable (fix: choose a writable folder)")
+        free = shutil.disk_usage(folder).free
+        if free < MIN_FREE_BYTES:
+            raise UserInputError(f"tracking.uri: the disk holding {folder} is full ({free // 1024} KiB free) "
+                                 "(fix: free space, or point tracking.uri=sqlite:///<path on another disk>/mlflow.db)")
     elif parsed.scheme not in ("file", "") and parsed.scheme not in ("postgresql", "mysql", "databricks"):
         raise UserInputError(f"tracking.uri: unsupported scheme '{parsed.scheme}' (fix: sqlite:///mlflow.db or http://host:port)")
 
@@ -155,6 +161,57 @@ def close_unfinished(client: MlflowClient, run_ids: list[str], status: str, reas
             client.log_batch(run_id, tags=[RunTag("fp8lab.status", status if status != "KILLED" else "KILLED"),
                                            RunTag("fp8lab.reason", reason)])
             client.set_terminated(run_id, status)
+
+
+def close_lost_runs(client: MlflowClient, uri: str, experiment_id: str, sweep_id: str | None = None,
+                    own: bool = False) -> list[str]:
+    """Runs left RUNNING/SCHEDULED by a sweep driver that died (SIGKILL, OOM killer, lost node):
+    KILLED with reason `driver lost` and the dead holder in `fp8lab.driver_lost`. A sweep whose
+    driver is alive is left alone; `own=True` (the caller holds the sweep's lease) skips that
+    check. Returns one line per sweep closed, for the caller to print."""
+    from orchestrator import lease  # noqa: PLC0415 - fcntl-only module, kept out of import time
+
+    where = f" and tags.`fp8lab.sweep_id` = '{sweep_id}'" if sweep_id else ""
+    stale: dict[str, list[Any]] = {}
+    for status in ("RUNNING", "SCHEDULED"):  # MLflow's search has no IN for attributes.status
+        for run in client.search_runs([experiment_id], f"attributes.status = '{status}'{where}", max_results=5000):
+            if run.data.tags.get("fp8lab.sweep_id"):
+                stale.setdefault(run.data.tags["fp8lab.sweep_id"], []).append(run)
+    lines = []
+    for sid, runs in stale.items():
+        parent_id = find_parent(client, experiment_id, sid)
+        parent_tags = client.get_run(parent_id).data.tags if parent_id else {}
+        if not own and lease.driver_alive(uri, sid, parent_tags):
+            continue
+        holder = parent_tags.get(lease.DRIVER_TAG, "unknown driver")
+        tags = [RunTag("fp8lab.reason", lease.DRIVER_LOST), RunTag(lease.DRIVER_LOST_TAG, holder)]
+        for run in runs:
+            extra = [RunTag("fp8lab.status", "KILLED")] if run.data.tags.get("fp8lab.role") == TRIAL_ROLE else []
+            client.log_batch(run.info.run_id, tags=tags + extra)
+            client.set_terminated(run.info.run_id, "KILLED")
+        trials = sum(r.data.tags.get("fp8lab.role") == TRIAL_ROLE for r in runs)
+        lines.append(f"sweep {sid}: its driver ({holder}) was lost; {trials} unfinished trial run(s) "
+                     f"marked KILLED (reason: {lease.DRIVER_LOST})")
+    return lines
+
+
+def close_lost_in_store(uri: str, experiment_name: str | None = None) -> list[str]:
+    """`close_lost_runs` over one experiment (or all), for `fp8lab report`: the report then shows
+    those runs as KILLED with reason `driver lost` instead of forever RUNNING. A store that does
+    not exist yet is left uncreated (the report says it is missing)."""
+    from orchestrator import lease  # noqa: PLC0415
+
+    local = lease.local_store_path(uri)
+    if local is not None and not local.exists():
+        return []
+    lease.ready_store(uri)
+    client = MlflowClient(uri)
+    if experiment_name:
+        found = client.get_experiment_by_name(experiment_name)
+        experiments = [found] if found is not None else []
+    else:
+        experiments = client.search_experiments()
+    return [line for e in experiments for line in close_lost_runs(client, uri, e.experiment_id)]
 
 
 def mark_killed(client: MlflowClient, run_id: str, reason: str) -> None:

@@ -1,7 +1,9 @@
-"""Stable trial identity: a hash of the resolved config minus fields that do not change results.
+"""Stable trial identity: a hash of the resolved config minus fields that do not change results,
+and of the content of the data and model it reads (`orchestrator.content_digest`).
 
 Two trials with the same id would produce the same result (up to hardware nondeterminism), so
-a sweep can skip a trial whose id already FINISHED. Key order never matters (sorted JSON).
+a sweep can skip a trial whose id already FINISHED. Key order never matters (sorted JSON); a data
+file edited in place gives a new id (the config alone would not change).
 """
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ def semantic_config(config: dict) -> dict:
 
 
 def compute_trial_id(config: dict) -> str:
-    """16 hex chars of SHA-256 over the canonical JSON of the semantic config."""
-    canonical = json.dumps(semantic_config(config), sort_keys=True, separators=(",", ":"), default=str)
+    """16 hex chars of SHA-256 over the canonical JSON of the semantic config and content digests."""
+    from orchestrator.content_digest import content_digests  # noqa: PLC0415
+
+    keyed = {**semantic_config(config), "_content": content_digests(config)}
+    canonical = json.dumps(keyed, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -22,6 +22,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
     """Every problem found for one trial config, one line each."""
     problems: list[str] = []
     problems += check_model(config["model"])
+    problems += check_model_fit(config) if not problems else []
     problems += check_data(config)
     problems += check_policy(config["precision"])
     if not problems:
@@ -49,6 +50,21 @@ def check_model(model_cfg: dict[str, Any]) -> list[str]:
         return [f"model.name_or_path: '{name}' is neither a local folder nor in the HF cache and HF_HUB_OFFLINE=1 "
                 "(fix: download it first, or pass a local folder)"]
     return []
+
+
+def check_model_fit(config: dict[str, Any]) -> list[str]:
+    """A local model folder's weights, shapes and tokenizer (headers only, nothing loaded), then
+    whether the trial fits it (positions, LoRA rank, memory): `workloads.model_checks`,
+    `workloads.resource_guard`. Hub ids are checked by their loader."""
+    from workloads.model_checks import inspect_folder
+    from workloads.resource_guard import check_fit
+
+    name = config["model"]["name_or_path"]
+    folder = Path(__file__).resolve().parent / "embedded" / "assets" / "base_model" if name == "embedded" else Path(name).expanduser()
+    if not folder.is_dir():
+        return []
+    facts, problems = inspect_folder(folder)
+    return problems or (check_fit(config, facts) if facts else [])
 
 
 def _hub_cached(repo_id: str) -> bool:

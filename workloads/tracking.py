@@ -9,6 +9,7 @@ short outage loses nothing; a long one fails the trial with a clear reason.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import tempfile
@@ -104,10 +105,24 @@ class MlflowTrialLogger:
                 return call()
             except Exception as exc:  # noqa: BLE001 - store errors come in many types
                 if time.monotonic() > deadline:
-                    raise TrackingUnavailable(f"MLflow store unreachable for {self.retry_s:.0f}s: {exc}") from exc
+                    budget = f"{self.retry_s:.0f}s"
+                    what = f"out of disk space (writes failed for {budget})" if disk_full(exc) else f"unreachable for {budget}"
+                    raise TrackingUnavailable(f"MLflow store {what}: {exc}") from exc
                 log.warning("MLflow write failed (%s); retrying in %.1fs", exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 8.0)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """A store that answers but cannot write (SQLite: "database or disk is full", ENOSPC, or a
+    server relaying either) is not "unreachable": the fix is free space, not a restart."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "errno", None) == errno.ENOSPC or any(
+                text in str(seen) for text in ("database or disk is full", "No space left on device")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def write_parquet(rows: list[dict[str, Any]], columns: list[str]) -> Path:

@@ -1,0 +1,136 @@
+"""Digests of what a trial reads (its data files and model folder), so that a trial id changes
+when a file is edited in place and a rerun never skips a trial against results of old content.
+
+What is hashed, and why:
+- data: the bytes of every split file (`*.jsonl` of a folder, or the one file). Datasets for a
+  LoRA fine-tune are small, and any edit changes results.
+- model: config, tokenizer and other small files whole; the weights whole while the folder's
+  weights total at most `FULL_HASH_BYTES`; above that, each weight file's size, its safetensors
+  header (names, dtypes, shapes, offsets) and `SAMPLES` evenly spaced 64 KiB blocks of its data.
+  Hashing 15 GB on every sweep start would cost ~10 s of disk reads; a retrained or re-quantized
+  checkpoint changes practically every block, so samples catch it, and a different architecture
+  changes the header. A single edited value in a large checkpoint is not caught (documented).
+- a hub id (not a local folder) is hashed as its name: its files are the hub's concern.
+Digests are cached on disk (`~/.cache/fp8lab/digests.json`) keyed by path, size and mtime, so an
+unchanged file is read once; the cache only saves time, a missing or unwritable one is ignored.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+FULL_HASH_BYTES = 1 << 30
+SAMPLES, SAMPLE_BYTES = 64, 1 << 16
+_CHUNK = 1 << 20
+
+
+def _cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fp8lab" / "digests.json"
+
+
+class _Cache:
+    """path|size|mtime_ns|mode -> hex digest, loaded once per process."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, str] | None = None
+        self._dirty = False
+
+    def _load(self) -> dict[str, str]:
+        if self._data is None:
+            try:
+                self._data = dict(json.loads(_cache_file().read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError):
+                self._data = {}
+        return self._data
+
+    def get_or(self, path: Path, mode: str, compute: Any) -> str:
+        stat = path.stat()
+        key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{mode}"
+        data = self._load()
+        if key not in data:
+            data[key], self._dirty = compute(path), True
+        return data[key]
+
+    def save(self) -> None:
+        if not self._dirty or self._data is None:
+            return
+        target = _cache_file()
+        with contextlib.suppress(OSError):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self._data), encoding="utf-8")
+            os.replace(tmp, target)
+            self._dirty = False
+
+
+_CACHE = _Cache()
+
+
+def _hash_whole(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _hash_sampled(path: Path) -> str:
+    """Size, the safetensors header (when there is one) and evenly spaced blocks."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        if path.suffix == ".safetensors" and len(head) == 8:
+            (length,) = struct.unpack("<Q", head)
+            digest.update(handle.read(min(length, size)))
+        for i in range(SAMPLES):
+            handle.seek(size * i // SAMPLES)
+            digest.update(handle.read(SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+def _folder_digest(files: list[Path], root: Path, sampled: set[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in files:
+        mode = "sampled" if path in sampled else "whole"
+        value = _CACHE.get_or(path, mode, _hash_sampled if mode == "sampled" else _hash_whole)
+        digest.update(f"{path.relative_to(root).as_posix()}={value};".encode())
+    return digest.hexdigest()[:16]
+
+
+def data_digest(path: Path) -> str:
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    return _folder_digest(files, path if path.is_dir() else path.parent, set())
+
+
+def model_digest(folder: Path) -> str:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    weights = [p for p in files if p.suffix in (".safetensors", ".bin", ".pt", ".gguf")]
+    large = sum(p.stat().st_size for p in weights) > FULL_HASH_BYTES
+    return _folder_digest(files, folder, set(weights) if large else set())
+
+
+def _embedded(*parts: str) -> Path:
+    import importlib.resources  # noqa: PLC0415
+
+    return Path(str(importlib.resources.files("workloads.embedded"))).joinpath("assets", *parts)
+
+
+def content_digests(config: dict[str, Any]) -> dict[str, str]:
+    """{'data': ..., 'model': ...} for local files; a hub name stands for itself."""
+    out = {}
+    data, model = config["data"]["path"], config["model"]["name_or_path"]
+    data_path = _embedded("task") if data == "embedded" else Path(data).expanduser()
+    model_path = _embedded("base_model") if model == "embedded" else Path(model).expanduser()
+    if data_path.exists():
+        out["data"] = data_digest(data_path)
+    if model_path.is_dir():
+        out["model"] = model_digest(model_path)
+    _CACHE.save()
+    return out
