@@ -27,7 +27,9 @@ from workloads.model_loading import attach_lora, load_base_model
 from workloads.precision.backends import apply_backend, select_backend
 from workloads.precision.policy import get_policy
 from workloads.precision.telemetry import Fp8Telemetry
-from workloads.tracking import MlflowTrialLogger, write_parquet
+from workloads.export.adapter import ADAPTER_ARTIFACT, save_adapter
+from workloads.inputs import run_inputs
+from workloads.tracking import MlflowTrialLogger, SystemMetrics, write_parquet
 from workloads.train_loop import LoopSettings, ProgressFn, TrainResult, run_training
 
 log = logging.getLogger("fp8lab.trial")
@@ -52,14 +54,18 @@ def run_trial(config: dict[str, Any], ctx: TrialContext, progress: ProgressFn | 
     log_path, handler = _capture_log()
     result = _result_skeleton(config, ctx)
     started = time.perf_counter()
+    system = None
     try:
         logger.client.update_run(ctx.run_id, status="RUNNING")
         logger.set_tags({"fp8lab.status": "RUNNING"})
+        system = SystemMetrics(ctx.tracking_uri, ctx.run_id, float(config["tracking"].get("system_metrics_interval_s", 0)))
         _run(config, ctx, logger, result, progress)
     except Exception as exc:  # noqa: BLE001 - any failure becomes a FAILED result
         log.error("trial failed:\n%s", traceback.format_exc())
         result.update(status="FAILED", reason=f"{type(exc).__name__}: {exc}")
     finally:
+        if system is not None:
+            system.stop()  # while the run is still RUNNING: the monitor stops writing to closed runs
         logging.getLogger().removeHandler(handler)
         result["metrics"]["trial/wall_s"] = time.perf_counter() - started
         _close_run(logger, result, log_path)
@@ -73,7 +79,7 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     paths = embedded_paths()
     memory = PeakMemory(device)
     model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
-    train_data = _training_data(config, tokenizer, paths.data_dir)
+    train_data = _training_data(config, tokenizer, paths.data_dir, logger)
     model = attach_lora(model, config["lora"], config["seed"])
     policy = get_policy(config["precision"]["policy"]).with_switches(**(config["precision"]["switches"] or {}))
     tele_cfg = config["precision"]["telemetry"]
@@ -107,6 +113,8 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     result["metrics"] = metrics
     logger.log_final(metrics, step=train.steps_done)  # at the last step, so MLflow's latest value is the final one
     _log_telemetry(logger, train)
+    if result["status"] == "FINISHED" and config["tracking"].get("log_adapter", True):
+        _log_adapter(logger, model)
 
 
 def _checkpointer(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger) -> Checkpointer | None:
@@ -143,9 +151,11 @@ def _device_name(device: torch.device) -> str:
     return "cpu"
 
 
-def _training_data(config: dict[str, Any], tokenizer: Any, embedded_dir: Path) -> data_mod.TokenizedData:
+def _training_data(config: dict[str, Any], tokenizer: Any, embedded_dir: Path,
+                   logger: MlflowTrialLogger) -> data_mod.TokenizedData:
     examples = data_mod.load_examples(config["data"], embedded_dir)
     log.info("loaded %d training examples", len(examples))
+    logger.log_inputs(run_inputs(config, examples, embedded_dir))
     return data_mod.tokenize_examples(examples, tokenizer, config["train"]["max_seq_len"], config["data"]["target_delimiter"])
 
 
@@ -232,6 +242,17 @@ def _eval_data_dir(data_path: str, task: str) -> str | None:
     if task == "fp8lab_embedded" and data_path != "embedded" and Path(data_path).expanduser().is_dir():
         return str(Path(data_path).expanduser())
     return None
+
+
+def _log_adapter(logger: MlflowTrialLogger, model: Any) -> None:
+    """The trained LoRA adapter as artifact `adapter/` (PEFT layout), for `fp8lab export`. A
+    failure here is logged and tagged but does not undo a finished trial's results."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="fp8lab-adapter-") as tmp:
+            logger.log_dir(save_adapter(model, Path(tmp) / ADAPTER_ARTIFACT), ADAPTER_ARTIFACT)
+    except Exception as exc:  # noqa: BLE001
+        log.error("adapter not saved: %s", exc)
+        logger.set_tags({"fp8lab.adapter_error": f"{type(exc).__name__}: {exc}"[:5000]})
 
 
 def _log_telemetry(logger: MlflowTrialLogger, train: TrainResult) -> None:
