@@ -7,8 +7,8 @@ before anything is written.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -234,10 +234,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     uri = absolute_uri(config["tracking"]["uri"])
     url = runs_view_url(uri, args.experiment or config["sweep"]["name"], args.host, args.port)
     print(f"MLflow UI for {uri}: {url}  (Ctrl-C to stop)", flush=True)
-    try:
-        return subprocess.call(server_command(uri, args.host, args.port), env=server_env(args.with_jobs))
-    except KeyboardInterrupt:
-        return 0
+    command = server_command(uri, args.host, args.port)
+    os.execve(command[0], command, server_env(args.with_jobs))  # the server replaces this process: one less
 
 
 if __name__ == "__main__":
