@@ -49,6 +49,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UserInputError("--best: needs --sweep ID (fix: fp8lab export --sweep ID --best ...)")
     config = to_container(compose_config(overrides, args.config_dir))
     uri = absolute_uri(config["tracking"]["uri"])
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise UserInputError(f"tracking.uri: no MLflow store at {uri} (fix: run from the sweep's folder or pass "
+                             "tracking.uri=... as printed at the end of the sweep)")
     client = MlflowClient(uri)
     run_id = run_ids[0] if run_ids else _best_run_id(client, args)
     from workloads.export.run import ExportError, export_run  # the training stack: after the cheap checks

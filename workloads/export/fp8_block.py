@@ -124,11 +124,6 @@ def dequantize_checkpoint(folder: Path, dtype: torch.dtype = torch.float32) -> d
     return out
 
 
-def folder_bytes(folder: Path) -> int:
-    """Bytes of the weight files in `folder` (what a download or a disk costs)."""
-    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
-
-
 def bf16_bytes(model: nn.Module) -> int:
     """Bytes the model's unique tensors take in BF16 (the baseline the FP8 size is compared with)."""
     seen, total = set(), 0

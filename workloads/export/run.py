@@ -99,9 +99,9 @@ def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path) -> tu
     """(bytes of weights written, bytes of the merged model in BF16)."""
     if fmt == "adapter":  # a copy: no training stack needed
         shutil.copytree(adapter_dir, out, dirs_exist_ok=True)
-        return sum(f.stat().st_size for f in out.glob("*.safetensors")), 0
+        return folder_bytes(out), 0
     from workloads.export.adapter import merged_model
-    from workloads.export.fp8_block import NothingToQuantize, bf16_bytes, folder_bytes, write_fp8_checkpoint
+    from workloads.export.fp8_block import NothingToQuantize, bf16_bytes, write_fp8_checkpoint
 
     base_path, trust = base_model_path(config)
     model, tokenizer = merged_model(base_path, adapter_dir, trust)
@@ -114,6 +114,11 @@ def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path) -> tu
         except NothingToQuantize as exc:
             raise ExportError(f"--format fp8-block128: {exc} (fix: export --format merged)") from None
     return folder_bytes(out), bf16_bytes(model)
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the weight files in `folder` (what a download or a disk costs)."""
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
 
 
 def base_model_path(config: dict[str, Any]) -> tuple[str, bool]:
