@@ -68,7 +68,12 @@ def _add_hydra_args(parser: argparse.ArgumentParser, cfg: bool = True) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "export" and all("=" in e and not e.startswith("-") for e in extra):
+        args.args += extra  # `export RUN_ID --format ... key=value`: overrides after the options
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "trial": cmd_trial, "sweep": cmd_sweep, "report": cmd_report, "export": cmd_export, "ui": cmd_ui}
     try:

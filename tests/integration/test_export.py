@@ -8,7 +8,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from tests.integration.conftest import TINY, client_for, read_json, run_cli
 
@@ -48,13 +47,17 @@ def test_trial_run_has_clean_params_inputs_system_metrics_and_adapter(trial: Sim
     assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors"} <= adapter
 
 
-def test_adapter_artifact_loads_with_peft_at_the_trial_accuracy(trial: SimpleNamespace, tmp_path: Path) -> None:
+def test_adapter_artifact_loads_with_lm_evals_peft_argument_at_the_trial_accuracy(trial: SimpleNamespace,
+                                                                                 tmp_path: Path) -> None:
+    from lm_eval.models.huggingface import HFLM
+    from peft import PeftModel
+
     from workloads.evaluate import embedded_paths, evaluate_model
-    from workloads.export.adapter import load_with_adapter
 
     adapter = trial.client.download_artifacts(trial.run.info.run_id, "adapter", str(tmp_path))
-    model, tokenizer = load_with_adapter(str(embedded_paths().model_dir), Path(adapter), torch.bfloat16)
-    accuracy = evaluate_model(model, tokenizer, limit=EVAL_N)["accuracy"]
+    lm = HFLM(pretrained=str(embedded_paths().model_dir), peft=adapter, dtype="bfloat16", device="cpu")  # lm-eval's loader
+    assert isinstance(lm.model, PeftModel)
+    accuracy = evaluate_model(lm.model, lm.tokenizer, limit=EVAL_N)["accuracy"]
     assert abs(accuracy - trial.result["metrics"]["eval/accuracy"]) <= 0.01 + 1e-9
 
 

@@ -89,6 +89,7 @@ def test_ui_opens_the_ml_runs_view_of_the_experiment_without_the_job_runner(tmp_
     (["export", "r1", "r2", "--format", "merged", "--out", "x"], "exactly one of RUN_ID or --sweep"),
     (["export", "--sweep", "abc", "--format", "merged", "--out", "x"], "add --best"),
     (["export", "abc", "--format", "merged", "--out", "x"], "no MLflow store at"),
+    (["export", "abc", "--format", "merged", "--out", "x", "tracking.uri=sqlite:///other.db"], "other.db"),
 ])
 def test_export_argument_mistakes_are_one_line(argv, message, capsys, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
