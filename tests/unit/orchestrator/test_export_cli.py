@@ -14,6 +14,14 @@ from orchestrator.sweep_summary import log_policy_summary, log_sweep_params, pol
 from orchestrator.ui import ML_KIND, runs_view_url, server_env
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One SQLite store for the module (creating one runs MLflow's migrations: seconds)."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store')}/m.db"
+    MlflowClient(uri).search_experiments()
+    return uri
+
+
 def _run(policy: str, seed: int, acc: float, tps: float, status: str = "FINISHED") -> SimpleNamespace:
     return SimpleNamespace(info=SimpleNamespace(run_id=f"{policy}-{seed}"),
                            data=SimpleNamespace(tags={"fp8lab.policy": policy, "fp8lab.seed": str(seed),
@@ -51,9 +59,9 @@ def test_params_are_the_semantic_config_only() -> None:
                       "sweep.axes.seed": [0, 1], "sweep.name": "s", "sweep.n_trials": 4}
 
 
-def test_parent_run_gets_the_matrix_and_per_policy_means(tmp_path) -> None:
-    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
-    exp = client.create_experiment("e")
+def test_parent_run_gets_the_matrix_and_per_policy_means(store: str) -> None:
+    client = MlflowClient(store)
+    exp = client.create_experiment("parent")
     parent = client.create_run(exp).info.run_id
     earlier = client.create_run(exp, tags={"fp8lab.policy": "fp8_naive+bf16_lora_gemm", "fp8lab.status": "FINISHED"})
     client.log_metric(earlier.info.run_id, "eval/accuracy", 0.5)
@@ -71,13 +79,15 @@ def test_parent_run_gets_the_matrix_and_per_policy_means(tmp_path) -> None:
     assert policy_means([]) == {}
 
 
-def test_ui_opens_the_ml_runs_view_of_the_experiment_without_the_job_runner(tmp_path) -> None:
-    uri = f"sqlite:///{tmp_path}/m.db"
-    assert runs_view_url(uri, "e", "127.0.0.1", 5001) == "http://127.0.0.1:5001/#/experiments?workflowType=machine_learning"
+def test_ui_opens_the_ml_runs_view_of_the_experiment_without_the_job_runner(store: str, tmp_path) -> None:
+    missing = f"sqlite:///{tmp_path}/m.db"
+    assert runs_view_url(missing, "e", "127.0.0.1", 5001) == \
+        "http://127.0.0.1:5001/#/experiments?workflowType=machine_learning"
     assert not (tmp_path / "m.db").exists()  # no store is created just to build a URL
-    client = MlflowClient(uri)
-    exp = client.create_experiment("e")
-    assert runs_view_url(uri, "e", "0.0.0.0", 5001) == \
+    assert runs_view_url(store, "ui", "127.0.0.1", 5001).endswith("/#/experiments?workflowType=machine_learning")
+    client = MlflowClient(store)
+    exp = client.create_experiment("ui")
+    assert runs_view_url(store, "ui", "0.0.0.0", 5001) == \
         f"http://127.0.0.1:5001/#/experiments/{exp}/runs?workflowType=machine_learning"
     assert client.get_experiment(exp).tags["mlflow.experimentKind"] == ML_KIND
     assert server_env(False)["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
