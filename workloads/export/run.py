@@ -104,7 +104,11 @@ def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path) -> tu
     from workloads.export.fp8_block import NothingToQuantize, bf16_bytes, write_fp8_checkpoint
 
     base_path, trust = base_model_path(config)
-    model, tokenizer = merged_model(base_path, adapter_dir, trust)
+    try:
+        model, tokenizer = merged_model(base_path, adapter_dir, trust)
+    except OSError as exc:  # the trial's base model is not here (moved folder, offline hub id)
+        raise ExportError(f"base model {base_path!r} of this trial cannot be loaded ({str(exc).splitlines()[0]}) "
+                          "(fix: make it available at that path or in the Hugging Face cache)") from None
     if fmt == "merged":
         model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
