@@ -140,7 +140,9 @@ class SystemMetrics:
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-            self._monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, tracking_uri=tracking_uri)
+            # resume_logging: a retried trial continues the run's system/* steps instead of writing step 0 again
+            self._monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=True,
+                                                 tracking_uri=tracking_uri)
             self._monitor.start()
         except Exception as exc:  # noqa: BLE001 - monitoring is informative, never fails a trial
             log.warning("system metrics not recorded: %s", exc)
