@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UserInputError
+from workloads.export.run import FORMATS  # torch-free module: the names only
 
 EXPORT_ARTIFACT = "export"
 
@@ -26,7 +27,7 @@ def add_export_parser(sub: Any) -> None:
     export.add_argument("--best", action="store_true",
                         help="with --sweep: the fastest policy whose mean accuracy is within --margin-pts of bf16's")
     export.add_argument("--margin-pts", type=float, default=None, help="accuracy margin for --best, in points (default 1)")
-    export.add_argument("--format", required=True, choices=["adapter", "merged", "fp8-block128"])
+    export.add_argument("--format", required=True, choices=FORMATS)
     export.add_argument("--out", required=True, help="new folder to write (must not exist or be empty)")
     export.add_argument("--register", metavar="NAME", help="also register the export as a version of model NAME")
     export.add_argument("--config-dir", help="your own config folder (for tracking.uri)")
