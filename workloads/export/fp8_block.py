@@ -1,6 +1,7 @@
 """Block-scaled FP8 checkpoints ("fp8-block128"), the layout inference servers load.
 
-Every ``nn.Linear`` of the model except the output head is stored as
+Every ``nn.Linear`` of the model except the output head (and linears whose dims are not multiples
+of 128, see ``quantizable_linears``) is stored as
 
 - ``<linear>.weight``: ``float8_e4m3fn``, shape ``[out, in]``;
 - ``<linear>.weight_scale_inv``: ``float32``, shape ``[ceil(out/128), ceil(in/128)]``; a block's
@@ -56,12 +57,18 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantizable_linears(model: nn.Module) -> tuple[list[str], list[str]]:
-    """(names of the linears to store in FP8, names kept in BF16: the output head)."""
+    """(names of the linears to store in FP8, names kept in BF16).
+
+    Kept: the output head, and any linear whose dims are not multiples of 128. The file format
+    allows a ragged last block, but transformers' dequantizer infers the block size from the scale
+    grid and vLLM refuses ragged blocks in fused (qkv, gate_up) layers, so such a layer would load
+    wrong or not at all; in BF16 it loads everywhere."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     convert, keep = [], []
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
-            (keep if module is head else convert).append(name)
+            ragged = any(dim % BLOCK for dim in module.weight.shape)
+            (keep if module is head or ragged else convert).append(name)
     return convert, keep
 
 
@@ -80,7 +87,8 @@ def write_fp8_checkpoint(model: nn.Module, tokenizer: Any, out_dir: Path) -> Fp8
 
     convert, keep = quantizable_linears(model)
     if not convert:
-        raise NothingToQuantize(f"{type(model).__name__} has no linear layers to quantize besides its output head")
+        raise NothingToQuantize(f"{type(model).__name__} has no linear layers to quantize (besides its output head, "
+                                f"none has both dims a multiple of {BLOCK})")
     state = {k: v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()
              for k, v in model.state_dict().items()}
     for name in convert:

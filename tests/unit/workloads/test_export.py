@@ -146,6 +146,18 @@ def test_a_model_without_linears_to_quantize_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_linears_with_ragged_dims_stay_bf16_and_are_listed(tmp_path: Path) -> None:
+    class Small(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.odd, self.lm_head = nn.Linear(128, 256), nn.Linear(256, 200), nn.Linear(200, 8)
+
+        def get_output_embeddings(self) -> nn.Module:
+            return self.lm_head
+
+    assert quantizable_linears(Small()) == (["up"], ["odd", "lm_head"])
+
+
 def test_scale_grid_covers_ragged_shapes() -> None:
     assert expected_scale_shape(torch.Size([200, 128])) == (2, 1)
     assert expected_scale_shape(torch.Size([BLOCK * 3, 1])) == (3, 1)
