@@ -1,4 +1,4 @@
-"""The `fp8lab` command: trial, sweep, report, ui.
+"""The `fp8lab` command: trial, sweep, report, export, ui.
 
 Arguments after the subcommand's flags are Hydra overrides (`lora.r=16`, `precision=fp8_naive`,
 `'+sweep.axes={train.lr:[1e-4,2e-4]}'`). Bad input exits with code 2 and one line per problem,
@@ -7,7 +7,8 @@ before anything is written.
 from __future__ import annotations
 
 import argparse
-import subprocess
+import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +24,8 @@ EPILOG = """examples:
   fp8lab sweep precision=fp8_protected          # a plain value of an axis narrows it: 2 trials (seeds 0, 1)
   fp8lab trial precision=fp8_protected seed=1 trial.output=result.json
   fp8lab report --out report/
+  fp8lab export RUN_ID --format fp8-block128 --out model-fp8/
+  fp8lab export --sweep SWEEP_ID --best --format merged --out model/ --register my-model
   fp8lab ui
   fp8lab trial --cfg job                        # print the composed config
 """
@@ -49,9 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--all", action="store_true", help="report every trial run in the experiment")
     report.add_argument("--out", help="output folder (default: fp8lab-report/<sweep_id>)")
     _add_hydra_args(report, cfg=False)
+    from orchestrator.export_cmd import add_export_parser
+
+    add_export_parser(sub)
     ui = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the configured store")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    ui.add_argument("--experiment", help="experiment to open (default: sweep.name)")
+    ui.add_argument("--with-jobs", action="store_true",
+                    help="also start MLflow's job runner (GenAI jobs; off by default: several extra processes)")
     _add_hydra_args(ui, cfg=False)
     return parser
 
@@ -64,9 +73,14 @@ def _add_hydra_args(parser: argparse.ArgumentParser, cfg: bool = True) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "export" and all("=" in e and not e.startswith("-") for e in extra):
+        args.args += extra  # `export RUN_ID --format ... key=value`: overrides after the options
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
-        "trial": cmd_trial, "sweep": cmd_sweep, "report": cmd_report, "ui": cmd_ui}
+        "trial": cmd_trial, "sweep": cmd_sweep, "report": cmd_report, "export": cmd_export, "ui": cmd_ui}
     try:
         return handlers[args.command](args)
     except UserInputError as exc:
@@ -205,8 +219,16 @@ def _run_report(config: dict[str, Any], uri: str, experiment: str | None, sweep_
 
 
 def _print_where(plan: Any, out: Any) -> None:
-    out.print(f"Results: MLflow store {plan.tracking_uri}, experiment '{plan.config['sweep']['name']}', sweep {plan.sweep_id}")
-    out.print("Open the MLflow UI: fp8lab ui   (then browse http://127.0.0.1:5000)")
+    name = plan.config["sweep"]["name"]
+    out.print(f"Results: MLflow store {plan.tracking_uri}, experiment '{name}', sweep {plan.sweep_id}")
+    out.print(f"Open the MLflow UI: {ui_command(plan.tracking_uri, name)}", soft_wrap=True)
+    out.print(f"Use the best model: fp8lab export --sweep {plan.sweep_id} --best --format fp8-block128 --out model-fp8 "
+              f"tracking.uri={shlex.quote(plan.tracking_uri)}", soft_wrap=True)
+
+
+def ui_command(uri: str, experiment: str) -> str:
+    """The full `fp8lab ui` command for this store and experiment (works from any folder)."""
+    return f"fp8lab ui tracking.uri={shlex.quote(uri)} --experiment {shlex.quote(experiment)}"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -239,23 +261,26 @@ def _close_lost_drivers(uri: str, experiment: str | None) -> None:
         print(f"fp8lab: {line}", file=sys.stderr)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from orchestrator.export_cmd import cmd_export as run_export
+
+    return run_export(args)
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from orchestrator.config_loader import compose_config, to_container
     from orchestrator.tracking import absolute_uri
     from orchestrator.sweep_grammar import refuse_sweep_overrides
 
     refuse_sweep_overrides(args.overrides, "ui")
+    from orchestrator.ui import server_command, server_env, runs_view_url
 
     config = to_container(compose_config(args.overrides, args.config_dir))
     uri = absolute_uri(config["tracking"]["uri"])
-    print(f"MLflow UI for {uri}: http://{args.host}:{args.port}  (Ctrl-C to stop)", flush=True)
-    # One worker: a UI for one person needs no more, and 4 (MLflow's default) take long to start on small machines.
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host,
-               "--port", str(args.port), "--workers", "1"]
-    try:
-        return subprocess.call(command)
-    except KeyboardInterrupt:
-        return 0
+    url = runs_view_url(uri, args.experiment or config["sweep"]["name"], args.host, args.port)
+    print(f"MLflow UI for {uri}: {url}  (Ctrl-C to stop)", flush=True)
+    command = server_command(uri, args.host, args.port)
+    os.execve(command[0], command, server_env(args.with_jobs))  # the server replaces this process: one less
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
 
     def progress(step: int, metrics: dict[str, float]) -> None:
         board.update.remote(launch.trial_id, {"step": step, "loss": metrics.get("train/loss"),
-                                              "tokens_per_s": metrics.get("train/tokens_per_s")})
+                                              "tokens_per_s": metrics.get("train/tokens_per_s_window")})
 
     result = run(launch.config, launch.trial_id, launch.run_id, launch.tracking_uri, launch.policy_label, progress)
     result["task_wall_s"] = time.time() - started  # the slot was busy this long (imports included)

@@ -119,6 +119,8 @@ SCHEMA: dict[str, Any] = {
     "tracking": {
         "uri": _str("sqlite:///mlflow.db"),
         "artifact_location": _str("/path/to/artifacts", nullable=True),
+        "log_adapter": _BOOL,
+        "system_metrics_interval_s": _nonneg_float("10"),
     },
     "cluster": {
         "address": _str("auto", nullable=True),

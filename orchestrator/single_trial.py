@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from orchestrator import tracking
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec, policy_label
-from orchestrator.params import flatten_params
+from orchestrator.params import trial_params
 from orchestrator.trial_id import compute_trial_id
 
 
@@ -41,7 +41,7 @@ def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, 
     ready_store(uri)  # a sweep may be creating the same store right now: never migrate it twice
     client = MlflowClient(uri)
     experiment_id = tracking.ensure_experiment(client, config["sweep"]["name"], config["tracking"]["artifact_location"])
-    run_id = tracking.create_trial_run(client, experiment_id, spec, None, None, flatten_params(config))
+    run_id = tracking.create_trial_run(client, experiment_id, spec, None, None, trial_params(config))
     print(f"trial {spec.run_name} ({spec.trial_id}) -> MLflow run {run_id} in {uri}", file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` is handled like Ctrl-C
     try:
@@ -65,7 +65,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def _printer(total: int):
     def progress(step: int, metrics: dict[str, float]) -> None:
-        print(f"  step {step}/{total}  loss {metrics['train/loss']:.4f}  {metrics['train/tokens_per_s']:.0f} tok/s",
+        print(f"  step {step}/{total}  loss {metrics['train/loss']:.4f}  {metrics.get('train/tokens_per_s_window', 0.0):.0f} tok/s",
               file=sys.stderr, flush=True)
     return progress
 

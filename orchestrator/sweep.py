@@ -18,9 +18,9 @@ from rich.live import Live
 
 from orchestrator import progress as progress_mod
 from orchestrator import lease as lease_mod
-from orchestrator import ray_runner, tracking
+from orchestrator import ray_runner, sweep_summary, tracking
 from orchestrator.matrix import policy_label, resolved_yaml
-from orchestrator.params import flatten_params
+from orchestrator.params import trial_params
 from orchestrator.plan import SweepPlan
 
 
@@ -94,6 +94,7 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
     parent = tracking.open_parent_run(client, experiment_id, plan.sweep_id, plan.config["sweep"]["name"],
                                       resolved_yaml(plan.config), [s.trial_id for s in plan.specs])
     lease.start_heartbeat(client, parent)
+    sweep_summary.log_sweep_params(client, parent, plan.config, len(plan.specs))
     board = progress_mod.ProgressBoard.remote()
     results: dict[str, dict[str, Any]] = {}
     run_ids: dict[str, str] = {}
@@ -103,7 +104,7 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
         try:
             refs = {}
             for index, spec in enumerate(plan.to_run):
-                run_ids[spec.trial_id] = tracking.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, flatten_params(spec.config))
+                run_ids[spec.trial_id] = tracking.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, trial_params(spec.config))
                 launch = ray_runner.TrialLaunch(_for_workers(spec.config), spec.trial_id, run_ids[spec.trial_id],
                                                 plan.tracking_uri, policy_label(spec.config))
                 refs[ray_runner.submit(launch, board, cluster, plan.config["sweep"]["max_retries"], index)] = spec.trial_id
@@ -114,6 +115,7 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
     makespan = time.time() - started
     unfinished = [run_ids[t] for t in run_ids if t not in results]
     _record_failures(client, run_ids, results)
+    sweep_summary.log_policy_summary(client, parent, results, plan.skipped)
     tracking.close_unfinished(client, unfinished, "KILLED", "sweep interrupted" if interrupted else "no result")
     tracking.finish_parent(client, parent, "KILLED" if interrupted else "FINISHED")
     return SweepOutcome(plan, results, parent, makespan, ray_runner.parallel_slots(cluster), interrupted)

@@ -67,17 +67,25 @@ def load_rows(data_cfg: dict[str, Any], embedded_dir: Path) -> Any:
     return datasets.load_dataset(DATA_SUFFIXES[file.suffix], data_files={split: str(file)}, split=split)
 
 
-def load_training_data(data_cfg: dict[str, Any], tokenizer: Any, max_seq_len: int, embedded_dir: Path) -> TokenizedData:
-    """Rows -> segments (by format) -> right-padded tokens with masked labels."""
+def load_training_rows(data_cfg: dict[str, Any], embedded_dir: Path) -> Any:
+    """The training split as a `datasets.Dataset`, cut to `data.max_train_examples`."""
     rows = load_rows(data_cfg, embedded_dir)
     limit = data_cfg.get("max_train_examples")
-    if limit:
-        rows = rows.select(range(min(limit, len(rows))))
+    return rows.select(range(min(limit, len(rows)))) if limit else rows
+
+
+def tokenize_rows(rows: Any, data_cfg: dict[str, Any], tokenizer: Any, max_seq_len: int) -> TokenizedData:
+    """Rows -> segments (by format) -> right-padded tokens with masked labels."""
     fmt = detect_format(rows.column_names, data_cfg, f"data.path={data_cfg['path']}")
     examples = [row_segments(row, i, fmt, data_cfg, tokenizer) for i, row in enumerate(rows)]
     log.info("loaded %d training examples (%s)", len(examples), fmt)
     # A chat template writes its own BOS; for plain text the tokenizer adds it, as lm-eval's does.
     return tokenize_examples(examples, tokenizer, max_seq_len, add_special_tokens=fmt != "chat")
+
+
+def load_training_data(data_cfg: dict[str, Any], tokenizer: Any, max_seq_len: int, embedded_dir: Path) -> TokenizedData:
+    """The training split, tokenized (what a trial trains on)."""
+    return tokenize_rows(load_training_rows(data_cfg, embedded_dir), data_cfg, tokenizer, max_seq_len)
 
 
 def row_segments(row: dict[str, Any], index: int, fmt: str, data_cfg: dict[str, Any], tokenizer: Any) -> list[Segment]:

@@ -81,6 +81,14 @@ class MlflowTrialLogger:
     def log_file(self, local_path: Path, artifact_dir: str) -> None:
         self._retry(lambda: self.client.log_artifact(self.run_id, str(local_path), artifact_dir))
 
+    def log_dir(self, local_dir: Path, artifact_dir: str) -> None:
+        """Every file of `local_dir` under `artifact_dir` (e.g. the LoRA adapter folder)."""
+        self._retry(lambda: self.client.log_artifacts(self.run_id, str(local_dir), artifact_dir))
+
+    def log_inputs(self, datasets: list[Any]) -> None:
+        """MLflow `DatasetInput`s: what the run trained and was evaluated on (the run's inputs)."""
+        self._retry(lambda: self.client.log_inputs(self.run_id, datasets=datasets))
+
     def flush(self) -> None:
         """Write everything buffered; raises TrackingUnavailable after the retry budget."""
         while self._metrics:
@@ -132,3 +140,37 @@ def write_parquet(rows: list[dict[str, Any]], columns: list[str]) -> Path:
     path = Path(tempfile.mkdtemp(prefix="fp8lab-telemetry-")) / "telemetry.parquet"
     pd.DataFrame(rows, columns=columns).to_parquet(path, index=False)
     return path
+
+
+class SystemMetrics:
+    """MLflow's own system-metrics monitor (CPU, memory, disk, network, GPU), attached to one run.
+
+    The monitor writes one aggregate per sampling interval; a trial shorter than that would get
+    none, so `stop` writes what was sampled since the last write before the run is closed."""
+
+    def __init__(self, tracking_uri: str, run_id: str, interval_s: float):
+        self._monitor = None
+        if interval_s <= 0:
+            return
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            # resume_logging: a retried trial continues the run's system/* steps instead of writing step 0 again
+            self._monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=True,
+                                                 tracking_uri=tracking_uri)
+            self._monitor.start()
+        except Exception as exc:  # noqa: BLE001 - monitoring is informative, never fails a trial
+            log.warning("system metrics not recorded: %s", exc)
+            self._monitor = None
+
+    def stop(self) -> None:
+        monitor, self._monitor = self._monitor, None
+        if monitor is None:
+            return
+        try:
+            monitor.finish()
+            monitor.collect_metrics()  # one last sample at the end of the trial
+            monitor.publish_metrics(monitor.aggregate_metrics())
+            monitor.mlflow_logger.flush()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("last system metrics sample not recorded: %s", exc)

@@ -16,6 +16,9 @@ import torch
 from transformers import get_scheduler
 
 ProgressFn = Callable[[int, dict[str, float]], None]
+# Tokens/s since the previous logged step. The whole-run mean is logged once at the end as
+# `train/tokens_per_s` (its own name, so each metric has one value per step).
+WINDOW_THROUGHPUT = "train/tokens_per_s_window"
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,7 @@ def _step_metrics(values: dict[str, float], optimizer: torch.optim.Optimizer, ha
         "train/grad_norm": values["grad_norm"],
         "train/lora_weight_std": values["lora_std"],
         "train/lr": optimizer.param_groups[0]["lr"],
-        "train/tokens_per_s": tokens_per_s,
+        WINDOW_THROUGHPUT: tokens_per_s,
     })
     if handle.loss_scale is not None:
         metrics["fp8/loss_scale"] = float(handle.loss_scale)

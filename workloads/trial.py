@@ -30,7 +30,9 @@ from workloads.precision.backends import apply_backend, select_backend
 from workloads.precision.ladder import TAG_DEVIATIONS, ladder_tags
 from workloads.precision.policy import get_policy
 from workloads.precision.telemetry import Fp8Telemetry
-from workloads.tracking import MlflowTrialLogger, write_parquet
+from workloads.export.adapter import ADAPTER_ARTIFACT, save_adapter
+from workloads.inputs import run_inputs
+from workloads.tracking import MlflowTrialLogger, SystemMetrics, write_parquet
 from workloads.train_loop import LoopSettings, ProgressFn, TrainResult, run_training
 
 log = logging.getLogger("fp8lab.trial")
@@ -55,14 +57,18 @@ def run_trial(config: dict[str, Any], ctx: TrialContext, progress: ProgressFn | 
     log_path, handler = _capture_log()
     result = _result_skeleton(config, ctx)
     started = time.perf_counter()
+    system = None
     try:
         logger.client.update_run(ctx.run_id, status="RUNNING")
         logger.set_tags({"fp8lab.status": "RUNNING"})
+        system = SystemMetrics(ctx.tracking_uri, ctx.run_id, float(config["tracking"].get("system_metrics_interval_s", 0)))
         _run(config, ctx, logger, result, progress)
     except Exception as exc:  # noqa: BLE001 - any failure becomes a FAILED result
         log.error("trial failed:\n%s", traceback.format_exc())
         result.update(status="FAILED", reason=f"{type(exc).__name__}: {exc}")
     finally:
+        if system is not None:
+            system.stop()  # while the run is still RUNNING: the monitor stops writing to closed runs
         logging.getLogger().removeHandler(handler)
         result["metrics"]["trial/wall_s"] = time.perf_counter() - started
         _close_run(logger, result, log_path)
@@ -76,7 +82,7 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     paths = embedded_paths()
     memory = PeakMemory(device)
     model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
-    train_data = _training_data(config, tokenizer, paths.data_dir)
+    train_data = _training_data(config, tokenizer, paths.data_dir, logger)
     model = attach_lora(model, config["lora"], config["seed"])
     policy = get_policy(config["precision"]["policy"]).with_switches(**(config["precision"]["switches"] or {}))
     tele_cfg = config["precision"]["telemetry"]
@@ -110,6 +116,8 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     result["metrics"] = metrics
     logger.log_final(metrics, step=train.steps_done)  # at the last step, so MLflow's latest value is the final one
     _log_telemetry(logger, train)
+    if result["status"] == "FINISHED" and config["tracking"].get("log_adapter", True):
+        _log_adapter(logger, model)
 
 
 def _checkpointer(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger) -> Checkpointer | None:
@@ -146,8 +154,11 @@ def _device_name(device: torch.device) -> str:
     return "cpu"
 
 
-def _training_data(config: dict[str, Any], tokenizer: Any, embedded_dir: Path) -> data_mod.TokenizedData:
-    return data_mod.load_training_data(config["data"], tokenizer, config["train"]["max_seq_len"], embedded_dir)
+def _training_data(config: dict[str, Any], tokenizer: Any, embedded_dir: Path,
+                   logger: MlflowTrialLogger) -> data_mod.TokenizedData:
+    rows = data_mod.load_training_rows(config["data"], embedded_dir)
+    logger.log_inputs(run_inputs(config, rows, embedded_dir))
+    return data_mod.tokenize_rows(rows, config["data"], tokenizer, config["train"]["max_seq_len"])
 
 
 def _loop_settings(config: dict[str, Any]) -> LoopSettings:
@@ -253,6 +264,17 @@ def _log_eval_artifacts(logger: MlflowTrialLogger, out: dict[str, Any], aggregat
         lines = "".join(json.dumps(row) + "\n" for row in one["samples"])
         logger.log_text(lines, f"eval/samples/{safe_name(name)}.jsonl")
     logger.log_dict(out["results"], "eval/results.json")
+
+
+def _log_adapter(logger: MlflowTrialLogger, model: Any) -> None:
+    """The trained LoRA adapter as artifact `adapter/` (PEFT layout), for `fp8lab export`. A
+    failure here is logged and tagged but does not undo a finished trial's results."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="fp8lab-adapter-") as tmp:
+            logger.log_dir(save_adapter(model, Path(tmp) / ADAPTER_ARTIFACT), ADAPTER_ARTIFACT)
+    except Exception as exc:  # noqa: BLE001
+        log.error("adapter not saved: %s", exc)
+        logger.set_tags({"fp8lab.adapter_error": f"{type(exc).__name__}: {exc}"[:5000]})
 
 
 def _log_telemetry(logger: MlflowTrialLogger, train: TrainResult) -> None:

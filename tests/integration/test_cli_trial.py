@@ -35,7 +35,8 @@ def test_trial_writes_result_and_mlflow_run(policy: str, workdir: Path) -> None:
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert [m.step for m in history] == [2, 4, 6]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config", "precision", "logs", "result.json", "eval"} <= artifacts
+    assert {"config", "precision", "logs", "result.json", "eval", "adapter"} <= artifacts  # every policy keeps its adapter
+    assert "fp8lab.adapter_error" not in tags
     _assert_eval_samples(client, run.info.run_id, result["metrics"]["eval/accuracy"])
     if policy != "bf16":
         assert "telemetry" in artifacts
@@ -62,6 +63,7 @@ def test_diverging_trial_is_a_result_not_a_crash(workdir: Path) -> None:
     assert "train/final_loss" in result["metrics"]
     run = client_for(workdir).get_run(result["mlflow_run_id"])
     assert run.data.tags["fp8lab.diverged_step"] == "3" and run.info.status == "FINISHED"
+    assert "adapter" not in {a.path for a in client_for(workdir).list_artifacts(run.info.run_id)}  # nothing to export
 
 
 def test_bad_input_exits_2_and_creates_nothing(workdir: Path) -> None:

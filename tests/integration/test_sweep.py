@@ -30,6 +30,12 @@ def test_sweep_layout_failures_and_rerun(workdir: Path) -> None:
     assert len(parents) == 1 and len(children) == 4
     parent = parents[0]
     assert parent.info.status == "FINISHED"
+    # the collapsed runs list shows the matrix and the comparison: params and per-policy means
+    assert parent.data.params["sweep.axes.precision"] == "['bf16', 'fp8_protected']"
+    assert parent.data.params["sweep.n_trials"] == "4" and "lora.r" in parent.data.params
+    for policy in ("bf16", "fp8_protected"):  # the FAILED cell of each policy does not count
+        assert parent.data.metrics[f"summary/{policy}/n"] == 1
+        assert 0 <= parent.data.metrics[f"summary/{policy}/accuracy"] <= 1
     sweep_id = parent.data.tags["fp8lab.sweep_id"]
     by_status: dict[str, list] = {}
     for run in children:
@@ -53,6 +59,7 @@ def test_sweep_layout_failures_and_rerun(workdir: Path) -> None:
     assert "2 trials (2 already finished)" in second.stdout
     parents, children = _runs(workdir, "t-sweep")
     assert len(parents) == 1 and len(children) == 6  # only the two FAILED cells ran again
+    assert parents[0].data.metrics["summary/bf16/n"] == 1  # the trial finished by the first run still counts
 
 
 def test_each_concurrent_trial_sees_its_own_gpu(workdir: Path) -> None:

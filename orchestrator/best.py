@@ -1,0 +1,75 @@
+"""Which trial of a sweep to export with `--best`: the fastest policy at equal quality.
+
+The rule, kept simple on purpose (the report holds the statistics):
+1. Only FINISHED trials of the sweep count; each policy is summarised by the mean over its trials
+   of `eval/accuracy` and of `train/tokens_per_s` (whole-run throughput).
+2. A policy is *at equal quality* when its mean accuracy is at least bf16's mean accuracy minus
+   `margin_pts` points (default 1). bf16 itself always qualifies.
+3. Best = the qualifying policy with the highest mean tokens/s. Without a bf16 arm in the sweep,
+   best = the policy with the highest mean accuracy.
+4. Within that policy, its run with the highest accuracy (ties: lowest seed) is exported.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from orchestrator.errors import UserInputError
+
+REFERENCE_POLICY = "bf16"
+DEFAULT_MARGIN_PTS = 1.0
+
+
+@dataclass(frozen=True)
+class BestChoice:
+    run_id: str
+    run_name: str
+    policy: str
+    reason: str
+
+
+def sweep_trial_runs(client: MlflowClient, sweep_id: str) -> list[Any]:
+    """Every trial run tagged with `sweep_id`, in any experiment."""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs: list[Any] = []
+    page_token = None
+    while experiments:
+        page = client.search_runs(experiments, f"tags.`fp8lab.sweep_id` = '{sweep_id}' and tags.`fp8lab.role` = 'trial'",
+                                  max_results=1000, page_token=page_token)
+        runs += list(page)
+        page_token = page.token
+        if not page_token:
+            break
+    return runs
+
+
+def choose_best(runs: list[Any], margin_pts: float = DEFAULT_MARGIN_PTS) -> BestChoice:
+    """Apply the module's rule to trial runs (MLflow `Run`s)."""
+    finished = [r for r in runs if r.data.tags.get("fp8lab.status") == "FINISHED" and "eval/accuracy" in r.data.metrics]
+    if not finished:
+        raise UserInputError("--best: the sweep has no FINISHED trial with an accuracy (fix: finish the sweep first)")
+    by_policy: dict[str, list[Any]] = defaultdict(list)
+    for run in finished:
+        by_policy[run.data.tags.get("fp8lab.policy", "?")].append(run)
+    acc = {p: _mean(rs, "eval/accuracy") for p, rs in by_policy.items()}
+    speed = {p: _mean(rs, "train/tokens_per_s") for p, rs in by_policy.items()}
+    if REFERENCE_POLICY in acc:
+        floor = acc[REFERENCE_POLICY] - margin_pts / 100.0
+        equal = [p for p in acc if acc[p] >= floor or p == REFERENCE_POLICY]
+        policy = max(equal, key=lambda p: (speed[p], acc[p]))
+        ratio = speed[policy] / speed[REFERENCE_POLICY] if speed[REFERENCE_POLICY] else float("nan")
+        reason = (f"fastest policy within {margin_pts:g} pt of bf16's accuracy ({acc[REFERENCE_POLICY]:.3f}): "
+                  f"{policy}, accuracy {acc[policy]:.3f}, {speed[policy]:.0f} tokens/s ({ratio:.2f}x bf16)")
+    else:
+        policy = max(acc, key=lambda p: (acc[p], speed[p]))
+        reason = f"no bf16 arm: most accurate policy {policy} ({acc[policy]:.3f})"
+    run = max(by_policy[policy], key=lambda r: (r.data.metrics["eval/accuracy"], -int(r.data.tags.get("fp8lab.seed", 0))))
+    return BestChoice(run.info.run_id, run.data.tags.get("mlflow.runName", ""), policy, reason)
+
+
+def _mean(runs: list[Any], key: str) -> float:
+    values = [r.data.metrics[key] for r in runs if key in r.data.metrics]
+    return sum(values) / len(values) if values else 0.0

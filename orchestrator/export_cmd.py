@@ -1,0 +1,99 @@
+"""`fp8lab export`: a finished trial as an adapter, a merged BF16 model or an fp8-block128
+checkpoint, optionally registered in the MLflow model registry.
+
+The run is checked (exists, FINISHED, has an adapter; the target folder is new) before the
+training stack is imported, so a wrong run id fails in about a second with one line.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import UserInputError
+from workloads.export.run import FORMATS  # torch-free module: the names only
+
+EXPORT_ARTIFACT = "export"
+
+
+def add_export_parser(sub: Any) -> None:
+    export = sub.add_parser("export", help="write a finished trial's adapter, merged model or FP8 checkpoint",
+                            description="Export a FINISHED trial: --format adapter (PEFT folder), merged (BF16 "
+                            "transformers folder) or fp8-block128 (E4M3 weights, FP32 scales per 128x128 block, "
+                            "loadable by transformers and vLLM).")
+    export.add_argument("args", nargs="*", metavar="RUN_ID | OVERRIDE",
+                        help="the trial's MLflow run id, and Hydra overrides (key=value) such as tracking.uri=...")
+    export.add_argument("--sweep", dest="sweep_id", help="sweep id; with --best, export its best trial")
+    export.add_argument("--best", action="store_true",
+                        help="with --sweep: the fastest policy whose mean accuracy is within --margin-pts of bf16's")
+    export.add_argument("--margin-pts", type=float, default=None, help="accuracy margin for --best, in points (default 1)")
+    export.add_argument("--format", required=True, choices=FORMATS)
+    export.add_argument("--out", required=True, help="new folder to write (must not exist or be empty)")
+    export.add_argument("--register", metavar="NAME", help="also register the export as a version of model NAME")
+    export.add_argument("--config-dir", help="your own config folder (for tracking.uri)")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.config_loader import compose_config, to_container
+    from orchestrator.tracking import absolute_uri
+
+    run_ids = [a for a in args.args if "=" not in a]
+    overrides = [a for a in args.args if "=" in a]
+    if len(run_ids) > 1 or (run_ids and args.sweep_id) or not (run_ids or args.sweep_id):
+        raise UserInputError("export: give exactly one of RUN_ID or --sweep ID --best (fix: fp8lab export RUN_ID "
+                             "--format ... --out DIR)")
+    if args.sweep_id and not args.best:
+        raise UserInputError("--sweep: say which trial to export (fix: add --best, or pass a run id instead)")
+    if args.best and not args.sweep_id:
+        raise UserInputError("--best: needs --sweep ID (fix: fp8lab export --sweep ID --best ...)")
+    config = to_container(compose_config(overrides, args.config_dir))
+    uri = absolute_uri(config["tracking"]["uri"])
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise UserInputError(f"tracking.uri: no MLflow store at {uri} (fix: run from the sweep's folder or pass "
+                             "tracking.uri=... as printed at the end of the sweep)")
+    client = MlflowClient(uri)
+    run_id = run_ids[0] if run_ids else _best_run_id(client, args)
+    from workloads.export.run import ExportError, export_run  # the training stack: after the cheap checks
+
+    try:
+        result = export_run(uri, run_id, args.format, Path(args.out))
+    except ExportError as exc:
+        raise UserInputError(str(exc)) from None
+    print(result.summary())
+    if args.register:
+        version = register_export(client, run_id, result.out_dir, args.format, args.register)
+        print(f"registered as model '{args.register}' version {version} in {uri}")
+    return 0
+
+
+def _best_run_id(client: Any, args: argparse.Namespace) -> str:
+    from orchestrator.best import DEFAULT_MARGIN_PTS, choose_best, sweep_trial_runs
+
+    runs = sweep_trial_runs(client, args.sweep_id)
+    if not runs:
+        raise UserInputError(f"--sweep: no trial runs of sweep {args.sweep_id} in this store (fix: check the id "
+                             "printed at the end of the sweep, and tracking.uri)")
+    choice = choose_best(runs, DEFAULT_MARGIN_PTS if args.margin_pts is None else args.margin_pts)
+    print(f"best of sweep {args.sweep_id}: run {choice.run_id} ({choice.run_name}); {choice.reason}")
+    return choice.run_id
+
+
+def register_export(client: Any, run_id: str, folder: Path, fmt: str, name: str) -> str:
+    """Log `folder` under the run's `export/<fmt>/` artifacts and register it as a new version of
+    model `name`, tagged with the trial's sweep, policy, seed and trial id and the format."""
+    from mlflow.exceptions import MlflowException
+
+    run = client.get_run(run_id)
+    artifact_dir = f"{EXPORT_ARTIFACT}/{fmt}"
+    client.log_artifacts(run_id, str(folder), artifact_dir)
+    try:
+        client.create_registered_model(name, description="Fine-tuned with fp8lab (LoRA under a precision policy).")
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    tags = {key: run.data.tags.get(f"fp8lab.{key}", "") for key in ("sweep_id", "policy", "seed", "trial_id")}
+    version = client.create_model_version(name, f"{run.info.artifact_uri}/{artifact_dir}", run_id=run_id,
+                                          tags={**{f"fp8lab.{k}": v for k, v in tags.items()}, "fp8lab.export_format": fmt})
+    return str(version.version)

@@ -1,0 +1,135 @@
+"""Export one finished trial from MLflow: its adapter, the merged BF16 model, or fp8-block128.
+
+Everything the export needs comes from the trial's run: the `adapter/` artifact and the resolved
+config (`config/resolved.yaml`, for the base model). Nothing is written unless the export
+succeeds: the folder is built beside the target and renamed into place at the end.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMATS = ("adapter", "merged", "fp8-block128")
+
+
+class ExportError(ValueError):
+    """The run cannot be exported as asked (one line naming the problem and the fix)."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    format: str
+    out_dir: Path
+    bytes: int  # weight files written
+    bf16_bytes: int  # the merged model in BF16, for comparison
+    seconds: float
+
+    def summary(self) -> str:
+        ratio = f" = {self.bytes / self.bf16_bytes:.2f} x BF16 ({_mib(self.bf16_bytes)})" if self.bf16_bytes else ""
+        return f"{self.format}: {self.out_dir}  {_mib(self.bytes)}{ratio}  in {self.seconds:.1f} s"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def check_exportable(run: Any, fmt: str, out_dir: Path) -> None:
+    """Refuse, before any download, what cannot work: unknown format, an unfinished trial, a target
+    folder that already holds something."""
+    if fmt not in FORMATS:
+        raise ExportError(f"--format: unknown format {fmt!r} (fix: one of {', '.join(FORMATS)})")
+    tags = run.data.tags
+    if tags.get("fp8lab.role") != "trial":
+        raise ExportError(f"run {run.info.run_id} is not an fp8lab trial run (fix: pass a trial's run id, "
+                          "or --sweep ID --best)")
+    status = tags.get("fp8lab.status", run.info.status)
+    if status != "FINISHED" or run.info.status != "FINISHED":
+        raise ExportError(f"run {run.info.run_id} ({tags.get('mlflow.runName', '')}) is {status}, not FINISHED: "
+                          "only a finished trial has a model to export (fix: pick a FINISHED run)")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ExportError(f"--out: {out_dir} already exists and is not empty (fix: choose a new folder)")
+
+
+def export_run(tracking_uri: str, run_id: str, fmt: str, out_dir: Path) -> ExportResult:
+    """Write run `run_id` in format `fmt` into `out_dir` (which must not hold anything yet)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    try:
+        run = client.get_run(run_id)
+    except Exception as exc:  # noqa: BLE001 - MLflow raises several types for a missing run
+        raise ExportError(f"run {run_id}: not found in {tracking_uri} ({type(exc).__name__}) "
+                          "(fix: check the run id and tracking.uri)") from None
+    out_dir = out_dir.expanduser().resolve()
+    check_exportable(run, fmt, out_dir)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fp8lab-export-") as scratch:
+        adapter_dir, config = _download(client, run_id, Path(scratch))
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+        try:
+            size, bf16 = _write(fmt, adapter_dir, config, staging)
+            if out_dir.exists():
+                out_dir.rmdir()  # empty (checked above)
+            staging.rename(out_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return ExportResult(fmt, out_dir, size, bf16, time.perf_counter() - started)
+
+
+def _download(client: Any, run_id: str, scratch: Path) -> tuple[Path, dict[str, Any]]:
+    from omegaconf import OmegaConf
+
+    from workloads.export.adapter import ADAPTER_ARTIFACT
+
+    names = {a.path for a in client.list_artifacts(run_id)}
+    if ADAPTER_ARTIFACT not in names:
+        raise ExportError(f"run {run_id} has no '{ADAPTER_ARTIFACT}/' artifact (it ran with tracking.log_adapter=false "
+                          "or an older fp8lab) (fix: rerun the trial with tracking.log_adapter=true)")
+    adapter_dir = Path(client.download_artifacts(run_id, ADAPTER_ARTIFACT, str(scratch)))
+    config_file = Path(client.download_artifacts(run_id, "config/resolved.yaml", str(scratch)))
+    return adapter_dir, OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
+
+
+def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path) -> tuple[int, int]:
+    """(bytes of weights written, bytes of the merged model in BF16)."""
+    if fmt == "adapter":  # a copy: no training stack needed
+        shutil.copytree(adapter_dir, out, dirs_exist_ok=True)
+        return folder_bytes(out), 0
+    from workloads.export.adapter import merged_model
+    from workloads.export.fp8_block import NothingToQuantize, bf16_bytes, write_fp8_checkpoint
+
+    base_path, trust = base_model_path(config)
+    try:
+        model, tokenizer = merged_model(base_path, adapter_dir, trust)
+    except OSError as exc:  # the trial's base model is not here (moved folder, offline hub id)
+        raise ExportError(f"base model {base_path!r} of this trial cannot be loaded ({str(exc).splitlines()[0]}) "
+                          "(fix: make it available at that path or in the Hugging Face cache)") from None
+    if fmt == "merged":
+        model.save_pretrained(str(out))
+        tokenizer.save_pretrained(str(out))
+    else:
+        try:
+            write_fp8_checkpoint(model, tokenizer, out)
+        except NothingToQuantize as exc:
+            raise ExportError(f"--format fp8-block128: {exc} (fix: export --format merged)") from None
+    return folder_bytes(out), bf16_bytes(model)
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the weight files in `folder` (what a download or a disk costs)."""
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+
+
+def base_model_path(config: dict[str, Any]) -> tuple[str, bool]:
+    """(local folder or hub id of the trial's base model, trust_remote_code)."""
+    from workloads.evaluate import embedded_paths
+    from workloads.model_loading import resolve_model_path
+
+    model_cfg = config["model"]
+    return (resolve_model_path(model_cfg["name_or_path"], embedded_paths().model_dir),
+            bool(model_cfg.get("trust_remote_code", False)))
