@@ -6,6 +6,7 @@ left in the test's tmp folder for a human to look at.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,8 +21,10 @@ BROWSER = next(
 )
 
 
-@pytest.mark.skipif(BROWSER is None, reason="no Chromium installed (apt-get install chromium)")
+@pytest.mark.skipif(BROWSER is None and not os.environ.get("FP8LAB_REQUIRE_BROWSER"),
+                    reason="no Chromium installed (apt-get install chromium)")
 def test_report_renders_in_chromium(main_report, tmp_path: Path) -> None:
+    assert BROWSER, "FP8LAB_REQUIRE_BROWSER is set but no Chromium is installed"
     res = main_report
     shot = tmp_path / "report.png"
     proc = subprocess.run(
