@@ -89,7 +89,7 @@ class _PlainCastCache:
     """The last plain (unscaled) cast, keyed by the input tensor itself.
 
     A plain cast is a pure function of its input, and PEFT feeds the very same tensor to a base
-    linear and its ``lora_A`` (and attention feeds one tensor to q, k and v): fp8_naive would
+    linear and its ``lora_A`` (and attention feeds one tensor to q, k and v): plain-cast policies would
     cast one activation six times. The entry is valid while the input is the same live object at
     the same version (``_version`` counts in-place writes); it holds the input only weakly and
     keeps one result, which the GEMMs keep alive anyway.
