@@ -190,9 +190,10 @@ def map_policy(policy: PrecisionPolicy | str, recipe: str | None = None) -> Torc
         deviations.append(
             f"scales: power-of-two rounding is one torchao switch, here {power_2} for all operands"
         )
-    deviations.append(
-        "base weights stay BF16 in memory and are cast to FP8 per GEMM (the policy stores FP8)"
-    )
+    if policy.base_weight_storage == "fp8":
+        deviations.append(
+            "base weights stay BF16 in memory and are cast to FP8 per GEMM (the policy stores FP8)"
+        )
     return TorchaoMapping(
         recipe=recipe,
         plain=plain,
