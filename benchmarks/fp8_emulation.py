@@ -18,7 +18,7 @@ trained through ``workloads.train_loop.run_training``; telemetry is off (its cos
 Variants per model: ``bf16``, ``fp8_protected`` and ``fp8_naive`` on the emulated backend
 (``precision.backend=emulated``), and the same two policies on ``precision.backend=torchao``
 (CPU: torchao's own float8 casts with ``emulate=True``, i.e. FP32 matmuls; fp8_protected maps
-to the rowwise recipe, fp8_naive to tensorwise with unit scales; see
+to the rowwise recipe, fp8_naive (v2) to tensorwise with dynamic per-tensor scales; see
 workloads/precision/backends/torchao_backend.py). Variants run interleaved in chunks of
 ``--chunk`` steps, the order rotating each round; figures are medians over rounds and ratios
 are medians of per-round ratios to bf16. Torch uses one thread.

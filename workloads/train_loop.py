@@ -58,7 +58,7 @@ def train_step(model: Any, batch: dict[str, torch.Tensor], handle: Any, optimize
     grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
     if stepped:
         optimizer.step()
-        handle.after_step()  # e.g. fp8_naive rounds LoRA weights back into FP8 storage
+        handle.after_step()  # e.g. FP8 adapter storage rounds LoRA weights back into E4M3
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach(), grad_norm.detach()

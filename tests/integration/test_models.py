@@ -31,7 +31,8 @@ def tiny_gpt2(folder: Path) -> Path:
 def test_gpt2_conv1d_with_tied_embeddings_under_fp8_naive(workdir: Path) -> None:
     model = tiny_gpt2(workdir / "gpt2")
     out = workdir / "result.json"
-    run_cli(["trial", "precision=fp8_naive", f"model.name_or_path={model}", *TINY, f"trial.output={out}"], workdir)
+    fast = ["train.steps=2", "train.log_every=1", "eval.limit=4"]
+    run_cli(["trial", "precision=fp8_naive", f"model.name_or_path={model}", *TINY, *fast, f"trial.output={out}"], workdir)
     result = read_json(out)
     assert result["status"] == "FINISHED", result
     assert 0.0 <= result["metrics"]["eval/accuracy"] <= 1.0 and result["deviations"] == []

@@ -255,18 +255,17 @@ def _convert_base(
             plan.append(_row(name, role, tensor, cd, f"{why}; {where}"))
         return site.module
     # lm_head in FP8 uses the same three cast specs as the other base GEMMs of the policy.
-    cls = Fp8TiedLinear if site.tied else Fp8BaseLinear
-    new = cls(
-        _as_linear(site),
-        weight=policy.base_weight,
-        activation=policy.base_activation,
-        dgrad=policy.base_dgrad,
-        name=name,
-        telemetry=telemetry,
-        compute_dtype=policy.torch_compute_dtype,
-    )
+    casts = {"weight": policy.base_weight, "activation": policy.base_activation,
+             "dgrad": policy.base_dgrad, "name": name, "telemetry": telemetry,
+             "compute_dtype": policy.torch_compute_dtype}  # fmt: skip
+    stored = policy.base_weight_storage == "fp8"
+    if site.tied:
+        new: nn.Module = Fp8TiedLinear(_as_linear(site), **casts)
+        storage = "cast per GEMM from the tied BF16 weight"
+    else:
+        new = Fp8BaseLinear(_as_linear(site), store_fp8=stored, **casts)
+        storage = "storage" if stored else "cast per GEMM from the BF16 weight"
     sites.extend(new.cast_sites())
-    storage = "cast per GEMM from the tied BF16 weight" if site.tied else "storage"
     plan.append(
         _row(name, role, "weight", policy.base_weight.tag, f"{storage} + fwd/dgrad GEMM operand; {where}")
     )

@@ -89,7 +89,7 @@ class _PlainCastCache:
     """The last plain (unscaled) cast, keyed by the input tensor itself.
 
     A plain cast is a pure function of its input, and PEFT feeds the very same tensor to a base
-    linear and its ``lora_A`` (and attention feeds one tensor to q, k and v): fp8_naive would
+    linear and its ``lora_A`` (and attention feeds one tensor to q, k and v): plain-cast policies would
     cast one activation six times. The entry is valid while the input is the same live object at
     the same version (``_version`` counts in-place writes); it holds the input only weakly and
     keeps one result, which the GEMMs keep alive anyway.
@@ -137,6 +137,9 @@ class Fp8BaseLinear(nn.Module):
     ``weight`` with ``fmt=None`` keeps a compute-dtype weight (e.g. an ablation that only casts
     activations); otherwise the weight lives in the ``weight_fp8`` buffer plus ``weight_scale_inv``
     (None for a plain cast, 0-d for per-tensor, [ceil(out/128), ceil(in/128)] for block).
+    ``store_fp8=False`` is the stock recipes' storage: the compute-dtype ``weight_hp`` is the
+    weight, cast to FP8 for every GEMM. The weight is frozen, so that cast is the same each time
+    and is computed once (``weight_fp8``, a cache that ``storage_bytes`` does not count).
     """
 
     _FIXED_DTYPE_BUFFERS = ("weight_fp8", "weight_scale_inv")
@@ -151,8 +154,10 @@ class Fp8BaseLinear(nn.Module):
         name: str = "",
         telemetry: Fp8Telemetry | None = None,
         compute_dtype: torch.dtype = torch.bfloat16,
+        store_fp8: bool = True,
     ) -> None:
         super().__init__()
+        self.store_fp8 = store_fp8
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.name = name
@@ -170,8 +175,9 @@ class Fp8BaseLinear(nn.Module):
     def _store_weight(
         self, w: torch.Tensor, spec: CastSpec, telemetry: Fp8Telemetry | None
     ) -> None:
-        if not spec.enabled:
+        if not spec.enabled or not self.store_fp8:
             self.register_buffer("weight_hp", w.to(self.compute_dtype))
+        if not spec.enabled:
             return
         scaler = TensorScaler(spec.recipe, spec.format, "weight")
         q, saturated = scaler.quantize(w, count_saturated=True)
@@ -187,12 +193,13 @@ class Fp8BaseLinear(nn.Module):
 
     @property
     def weight_is_fp8(self) -> bool:
-        return self.weight_spec.enabled
+        """The weight is *stored* as FP8 (else it is kept in the compute dtype)."""
+        return self.weight_spec.enabled and self.store_fp8
 
     def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The weight as the GEMM sees it, in ``dtype`` (default: the compute dtype)."""
         dtype = dtype or self.compute_dtype
-        if not self.weight_is_fp8:
+        if not self.weight_spec.enabled:
             return self.weight_hp.to(dtype)
         q = Fp8Tensor(
             self.weight_fp8,
@@ -209,7 +216,9 @@ class Fp8BaseLinear(nn.Module):
         return self.dequantized_weight()
 
     def storage_bytes(self) -> int:
-        """Bytes held for the weight (FP8 data + FP32 scales, or the compute-dtype weight)."""
+        """Bytes the policy holds for the weight: FP8 data + FP32 scales, or the compute-dtype
+        weight (with ``store_fp8=False`` the FP8 copy is the emulation's cache of a cast that
+        is the same every GEMM, as the weight is frozen; it is not counted)."""
         if not self.weight_is_fp8:
             return self.weight_hp.nbytes
         scales = self.weight_scale_inv

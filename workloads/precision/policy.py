@@ -11,8 +11,9 @@ Registered policies:
 - ``fp8_naive`` (v2): what a stock FP8 conversion (Transformer Engine, torchao
   ``convert_to_float8_training``, accelerate) gives a user who knows nothing about LoRA: every
   linear -- LoRA adapters and lm_head included -- runs FP8 GEMMs with per-tensor *current*
-  scaling (E4M3 weights and activations, E5M2 gradients); master weights (adapters too) stay
-  FP32; no LoRA gradient scaler, no calibration.
+  scaling (E4M3 weights and activations, E5M2 gradients); frozen base weights stay in BF16 and
+  are cast per GEMM (``base_weight_storage='compute'``), adapter masters stay FP32; no LoRA
+  gradient scaler, no calibration.
 - ``fp8_unscaled_fp8_adapters``: ``fp8_naive`` version 1, kept under a name that says what it
   is: every cast plain (scale 1), trainable LoRA weights *stored* in E4M3 with no master copy
   (rounded back after every update), LoRA weight gradients cast to E5M2.
@@ -52,6 +53,7 @@ __all__ = [
 ]
 
 LORA_STORAGE = ("fp32_master", "fp8_e4m3")
+BASE_WEIGHT_STORAGE = ("fp8", "compute")
 LORA_GEMM = ("bf16", "fp8")
 LORA_GRAD = ("fp32", "fp8_e5m2")
 LORA_GEMM_SCALING = ("none", "current")  # recipe of the casts of an FP8 LoRA GEMM
@@ -76,6 +78,7 @@ class PrecisionPolicy:
     base_weight: CastSpec = CastSpec()
     base_activation: CastSpec = CastSpec()
     base_dgrad: CastSpec = CastSpec()
+    base_weight_storage: str = "fp8"  # "fp8": stored quantized | "compute": BF16, cast per GEMM
     lora_storage: str = "fp32_master"
     lora_gemm: str = "bf16"
     lora_gemm_scaling: str = "current"
@@ -135,7 +138,7 @@ class PrecisionPolicy:
             + ("s" if self.lora_grad_scaler else "")
         )
         parts = [
-            "W" + _spec_tag(self.base_weight),
+            "W" + _spec_tag(self.base_weight) + ("m" if self.base_weight_storage == "compute" else ""),
             "A" + _spec_tag(self.base_activation),
             "G" + _spec_tag(self.base_dgrad),
             lora,
@@ -214,6 +217,7 @@ def _validate(p: PrecisionPolicy) -> list[str]:
         )
     for name, value, allowed in (
         ("lora_storage", p.lora_storage, LORA_STORAGE),
+        ("base_weight_storage", p.base_weight_storage, BASE_WEIGHT_STORAGE),
         ("lora_gemm", p.lora_gemm, LORA_GEMM),
         ("lora_grad", p.lora_grad, LORA_GRAD),
         ("lora_gemm_scaling", p.lora_gemm_scaling, LORA_GEMM_SCALING),
@@ -284,6 +288,7 @@ FP8_NAIVE = register_policy(
         base_weight=CastSpec("e4m3", ScalingRecipe("current")),
         base_activation=CastSpec("e4m3", ScalingRecipe("current")),
         base_dgrad=CastSpec("e5m2", ScalingRecipe("current")),
+        base_weight_storage="compute",
         lora_storage="fp32_master",
         lora_gemm="fp8",
         lora_gemm_scaling="current",

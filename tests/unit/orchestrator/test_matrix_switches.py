@@ -18,8 +18,8 @@ def test_switches_mapping_is_accepted_without_a_plus_prefix() -> None:
 
 
 def test_a_switch_override_keeps_the_bf16_baseline_plain_and_labels_the_switched_policies() -> None:
-    plain = {s.policy: s for s in _expand() if s.seed == 0}
-    specs = [s for s in _expand("precision.switches={lm_head_fp8:true}") if s.seed == 0]
+    plain = {s.policy: s for s in _expand("sweep.axes.seed=[0]")}
+    specs = _expand("sweep.axes.seed=[0]", "precision.switches={lm_head_fp8:true}")
     labels = [s.policy for s in specs]
     assert labels == ["bf16", "fp8_naive+lm_head_fp8=True", "fp8_protected+lm_head_fp8=True"]
     bf16 = specs[0]
@@ -32,5 +32,5 @@ def test_a_switch_override_keeps_the_bf16_baseline_plain_and_labels_the_switched
 
 
 def test_a_sweep_of_bf16_alone_honours_the_switches() -> None:
-    specs = _expand("sweep.axes.precision=[bf16]", "precision.switches={lm_head_fp8:true}")
+    specs = _expand("sweep.axes.precision=[bf16]", "sweep.axes.seed=[0]", "precision.switches={lm_head_fp8:true}")
     assert {s.policy for s in specs} == {"bf16+lm_head_fp8=True"}

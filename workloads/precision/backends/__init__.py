@@ -43,7 +43,7 @@ def apply_backend(
     ``recipe=``).
 
     When the choice came from ``auto`` and that backend cannot express the policy (e.g.
-    fp8_naive's plain casts on Transformer Engine), the next backend in auto's order that can
+    fp8_unscaled_fp8_adapters' plain casts on Transformer Engine), the next backend in auto's order that can
     (transformer_engine -> torchao -> emulated) runs instead, with a warning; an explicit
     request raises instead of silently running something else.
     """

@@ -18,15 +18,15 @@
    is not saved for backward. torchao's ``Float8Linear`` always computes ``grad_weight`` (and
    keeps the input alive for it), even for a weight with ``requires_grad=False``; for LoRA that
    is a third of the base GEMMs and an activation per linear thrown away. It also adds the one
-   thing torchao cannot express: a *plain* cast (unit scale) for ``fp8_naive``-style operands.
+   thing torchao cannot express: a *plain* cast (unit scale) for unscaled (``fp8_naive-scaling``-style) operands.
 
-Policy -> torchao (``map_policy``; DESIGN.md §2 names on the left):
+Policy -> torchao (``map_policy``; policy switch names on the left, docs/mechanisms.md):
 
 ======================================  =====================================================
 base casts (weight, activation, dgrad)  torchao
 ======================================  =====================================================
 all off (``bf16``)                      nothing converted; identical to the emulated backend
-dgrad a plain E5M2 cast (``fp8_naive``) ``tensorwise`` (the rowwise recipes cast grads to E4M3)
+dgrad a plain E5M2 cast (unscaled)    ``tensorwise`` (the rowwise recipes cast grads to E4M3)
 else any ``block`` operand              ``rowwise`` (finest torchao granularity: per-row
                                         scales for activations/grads, per output channel (fwd)
                                         / input channel (dgrad) for weights); grads in E4M3
@@ -190,9 +190,10 @@ def map_policy(policy: PrecisionPolicy | str, recipe: str | None = None) -> Torc
         deviations.append(
             f"scales: power-of-two rounding is one torchao switch, here {power_2} for all operands"
         )
-    deviations.append(
-        "base weights stay BF16 in memory and are cast to FP8 per GEMM (the policy stores FP8)"
-    )
+    if policy.base_weight_storage == "fp8":
+        deviations.append(
+            "base weights stay BF16 in memory and are cast to FP8 per GEMM (the policy stores FP8)"
+        )
     return TorchaoMapping(
         recipe=recipe,
         plain=plain,

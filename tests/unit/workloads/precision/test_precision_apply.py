@@ -81,15 +81,20 @@ def test_policy_trains_only_lora_and_stores_what_it_says(name, bf16_base_bytes):
         base = layer.base_layer
         if policy.base_fp8:
             assert isinstance(base, Fp8BaseLinear)
-            assert (base.weight_fp8.dtype == torch.float8_e4m3fn) == (
-                policy.base_weight.fmt == "e4m3"
-            )
+            stored = policy.base_weight.enabled and policy.base_weight_storage == "fp8"
+            assert base.weight_is_fp8 == stored
+            if stored:
+                assert base.weight_fp8.dtype == torch.float8_e4m3fn
+            else:  # the stock recipe: the BF16 weight is kept and cast per GEMM
+                assert base.weight_hp.dtype == torch.bfloat16
         else:
             assert isinstance(base, torch.nn.Linear) and base.weight.dtype == torch.bfloat16
         lora_cls = Fp8LoraLinear if policy.lora_gemm == "fp8" else LoraComputeLinear
         assert all(isinstance(m, lora_cls) for m in layer.lora_A.values())
-    if policy.base_fp8 and policy.base_weight.enabled:
+    if policy.base_fp8 and policy.base_weight.enabled and policy.base_weight_storage == "fp8":
         assert handle.base_weight_bytes() < 0.75 * bf16_base_bytes
+    elif not policy.lm_head_fp8 or policy.base_weight_storage == "compute":
+        assert handle.base_weight_bytes() == bf16_base_bytes
 
     # The plan names the lm_head's format.
     head = [r for r in handle.plan if r["role"] == "lm_head" and r["tensor"] == "weight"]

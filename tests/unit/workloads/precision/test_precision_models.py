@@ -116,22 +116,24 @@ def test_every_architecture_trains_plans_and_evaluates(arch, policy):
     assert is_tied(model) == tied  # tied embeddings stay tied (one Parameter)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama_tied", "phi3"])
-def test_torchao_emulate_converts_what_it_can_and_names_the_rest(arch):
+@pytest.mark.parametrize("policy", ["fp8_naive", "fp8_protected"])
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_torchao_emulate_converts_what_it_can_and_names_the_rest(arch, policy):
     """torchao converts nn.Linear only; a Conv1D model or a tied lm_head stays BF16 there, and
     the handle says so in ``deviations`` (a trial tags and reports them)."""
     model = tiny(arch)
+    tied = is_tied(model)
     choice = BackendChoice("torchao", emulated=True, reason="test", requested="torchao")
-    handle = apply_backend(model, "fp8_naive", Fp8Telemetry(), choice)
+    handle = apply_backend(model, policy, Fp8Telemetry(), choice)
     assert all(torch.isfinite(torch.tensor(two_steps(model, handle))))
     text = " | ".join(handle.deviations)
-    if arch == "gpt2":
-        assert "Conv1D linears (torchao converts nn.Linear only) kept BF16" in text
-    if is_tied(model):
-        assert "lm_head tied to the input embeddings kept BF16" in text
-    if arch == "phi3":
-        assert "kept BF16" not in text and any("qkv_proj" in n for n in handle.converted)
-    assert torch.isfinite(evaluate_like_hflm(model)).all()
+    assert ("Conv1D linears (torchao converts nn.Linear only) kept BF16" in text) == (arch == "gpt2")
+    tied_head = tied and handle.policy.lm_head_fp8
+    assert ("lm_head tied to the input embeddings kept BF16" in text) == tied_head
+    if arch != "gpt2":  # every other linear really runs torchao's FP8 GEMM
+        expected = {s.layer_name for s in frozen_linears(model) if s.role == "base"}
+        assert expected <= set(handle.converted)
+    assert torch.isfinite(evaluate_like_hflm(model)).all() and is_tied(model) == tied
 
 
 def test_untargeted_linears_follow_the_base_rule_and_are_all_planned():
