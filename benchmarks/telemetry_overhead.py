@@ -14,7 +14,7 @@ them):
 - ``default``: the shipped config (telemetry every 10 steps: every tensor kind, LoRA grad norms
   and weight stds, one device->host transfer per recorded step);
 - ``every_step``: telemetry on every step (the worst case of the config);
-- ``item_loop``: telemetry off, plus the per-parameter monitor of SOURCES.md section 1 the way
+- ``item_loop``: telemetry off, plus the per-parameter monitor of docs/background.md §1 the way
   the article writes it: after backward, for every LoRA parameter, grad norm, grad max-min
   range, E5M2 round-trip loss and weight std, each read with ``.item()``, every step. This is
   the reference that fp8lab's batched telemetry replaces.
@@ -41,7 +41,7 @@ GOAL_PCT = 3.0
 
 
 class ItemLoopMonitor:
-    """SOURCES.md section 1's per-LoRA-parameter diagnostics, one ``.item()`` per number."""
+    """docs/background.md §1's per-LoRA-parameter diagnostics, one ``.item()`` per number."""
 
     def __init__(self, model: Any) -> None:
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

@@ -72,7 +72,7 @@ def make_optimizer(params: list[torch.nn.Parameter], settings: LoopSettings) -> 
 
 
 def lora_weight_std(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """Mean std of LoRA matrices: the collapse detector of SOURCES.md §1 (on device)."""
+    """Mean std of LoRA matrices: the collapse detector of docs/background.md §1 (on device)."""
     return torch.stack([p.detach().float().std() for p in params if p.dim() == 2]).mean()
 
 

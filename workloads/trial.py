@@ -52,7 +52,7 @@ class TrialContext:
 
 
 def run_trial(config: dict[str, Any], ctx: TrialContext, progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Run one trial and return the result dict of DESIGN.md §4 (also logged as result.json)."""
+    """Run one trial and return the result dict of docs/contracts.md (also logged as result.json)."""
     logger = MlflowTrialLogger(ctx.tracking_uri, ctx.run_id)
     log_path, handler = _capture_log()
     result = _result_skeleton(config, ctx)

@@ -1,4 +1,4 @@
-"""Selective LoRA gradient scaler (SOURCES.md section 1, technique 1).
+"""Selective LoRA gradient scaler (docs/background.md §1, technique 1).
 
 Only LoRA parameters are trainable, so multiplying the loss by ``S`` scales exactly the LoRA
 gradients (and the activation gradients flowing to them through the low-precision backward

@@ -3,7 +3,7 @@
 Definitions follow Transformer Engine's debug ``LogFp8TensorStats`` so numbers compare:
 
 - ``underflow_pct`` = (nonzeros before the cast - nonzeros after) / numel * 100: values that were
-  not zero and became zero -- the silent failure of FP8 LoRA (SOURCES.md section 1).
+  not zero and became zero -- the silent failure of FP8 LoRA (docs/background.md §1).
 - ``overflow_pct`` = share of elements with ``|x * scale| > fmax`` before the cast, i.e. saturated
   at the format's max (TE's ``fp8_*_overflows%``).
 - ``amax`` of the high-precision tensor, ``scale_inv_min/max`` over its scales (1 for a plain
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 CAST_KINDS = ("activation", "weight", "dgrad", "wgrad", "lora_weight")
-# Per-parameter LoRA health (SOURCES.md section 1): the number goes in the ``value`` column.
+# Per-parameter LoRA health (docs/background.md §1): the number goes in the ``value`` column.
 LORA_KINDS = ("lora_grad_norm", "lora_weight_std")
 ROW_KEYS = (
     "step", "layer", "kind", "underflow_pct", "overflow_pct", "amax",

@@ -1,4 +1,4 @@
-"""FP8 backends (DESIGN.md §2): choose one, then apply a policy through it.
+"""FP8 backends (docs/policies.md): choose one, then apply a policy through it.
 
     choice = select_backend(config.precision.backend, device)   # logs choice + reason
     handle = apply_backend(model, policy, telemetry, choice)     # same handle API everywhere

@@ -1,4 +1,4 @@
-"""Which FP8 backend runs a trial: ``precision.backend`` -> a ``BackendChoice`` (DESIGN.md §2).
+"""Which FP8 backend runs a trial: ``precision.backend`` -> a ``BackendChoice`` (docs/policies.md).
 
 Requested value and what runs:
 
