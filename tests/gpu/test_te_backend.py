@@ -47,8 +47,8 @@ def ids(seed: int) -> torch.Tensor:  # 2 x 32 tokens: TE's FP8 GEMMs want multip
 
 
 POLICIES = [
-    ("fp8_protected-no_block_scales", "DelayedScaling"),
-    ("fp8_protected-plain_activation", None),  # plain casts: TE raises
+    ("fp8_protected-block_scales", "DelayedScaling"),
+    ("fp8_protected-activation_scaling", None),  # plain casts: TE raises
     ("fp8_protected", "Float8BlockScaling"),
 ]
 
@@ -60,7 +60,7 @@ def test_select_backend_picks_te():
 
 
 def test_current_scaling_policy_maps_to_float8currentscaling():
-    policy = get_policy("fp8_protected-no_block_scales").with_switches(
+    policy = get_policy("fp8_protected-block_scales").with_switches(
         base_activation="e4m3:current", calibration_steps=0
     )
     mapping = map_policy_te(policy)

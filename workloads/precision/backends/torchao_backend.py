@@ -39,7 +39,7 @@ plain cast, as a real FP8 GEMM operand. torchao saturates finite values like
 
 Every difference from the policy's numerics is a sentence in ``handle.deviations`` and in the
 plan; the ones that matter: torchao has no delayed scaling (so calibration is skipped and
-``fp8_protected`` == ``fp8_protected-no_calibration`` here), no 128x128 / 1x128 block scales, and
+``fp8_protected`` runs with current-scaled activations here, like ``fp8_protected-calibration``), no 128x128 / 1x128 block scales, and
 base weights stay BF16 in memory (cast per GEMM), so ``memory/base_weight_bytes`` is the BF16
 figure. ``rowwise_with_gw_hp`` is selectable with ``recipe=`` but never derived: its one feature,
 a high-precision weight gradient, does not exist for a frozen base. Policies torchao cannot run
