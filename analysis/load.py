@@ -530,7 +530,8 @@ def log_report_artifacts(
 ) -> None:
     """Log written report files under `report/` of the parent run, keeping sub-folders (figures/)."""
     client = _client(tracking_uri)
+    root = Path(base).resolve()
     for f in files:
-        rel = f.relative_to(base).parent.as_posix()
+        rel = Path(f).resolve().relative_to(root).parent.as_posix()
         dest = artifact_dir if rel in ("", ".") else f"{artifact_dir}/{rel}"
         client.log_artifact(run_id, str(f), dest)

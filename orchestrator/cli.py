@@ -200,7 +200,8 @@ def _report_after_sweep(plan: Any, out: Any) -> None:
         out.print(f"Report not written: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
                   "(the sweep's results are in MLflow; rerun `fp8lab report`)")
         return
-    out.print(f"Report: {result.report_html} (also report.md, summary.csv, figures/; logged to the sweep's parent run)")
+    where = "logged to the sweep's parent run" if result.logged_to_run_id else "NOT logged to MLflow: see the warning above"
+    out.print(f"Report: {result.report_html} (also report.md, summary.csv, figures/; {where})")
 
 
 def _run_report(config: dict[str, Any], uri: str, experiment: str | None, sweep_id: str | None, all_runs: bool,

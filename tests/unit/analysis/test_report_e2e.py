@@ -117,6 +117,18 @@ def test_logged_to_parent_run(main_report, store) -> None:
     assert "report/figures/quality_vs_throughput.png" in figs
 
 
+def test_a_relative_out_folder_is_logged_too(store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end of a sweep passes a relative folder (fp8lab-report/<id>); the written files come back
+    absolute, and logging must still find each one's place under report/."""
+    from analysis import ReportOptions, generate_report
+
+    monkeypatch.chdir(tmp_path)
+    result = generate_report(store.uri, None, None, False, Path("rel-report"), ReportOptions())
+    assert result.logged_to_run_id == store.main_parent and not any("not logged" in w for w in result.warnings)
+    figs = {f.path for f in MlflowClient(store.uri).list_artifacts(store.main_parent, "report/figures")}
+    assert "report/figures/quality_vs_throughput.png" in figs
+
+
 def test_regeneration_overwrites_atomically(store, tmp_path: Path) -> None:
     opts = ReportOptions(log_to_mlflow=False, fetch_telemetry=False)
     first = generate_report(store.uri, "exp-a", "sw-main", False, tmp_path, opts)
