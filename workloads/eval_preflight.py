@@ -22,27 +22,33 @@ GENERATIVE = "generate_until"
 ROLLING = "loglikelihood_rolling"
 
 
-def check_eval_tasks(config: dict[str, Any]) -> list[str]:
+def check_eval_tasks(config: dict[str, Any], data_has_problems: bool = False) -> list[str]:
     """Every problem of the configured evaluation, one line each (empty = ready to train).
-    A sweep's cells usually share their eval section: each distinct one is checked once."""
-    key = json.dumps([config["eval"], config["data"]["path"], config["model"]], sort_keys=True, default=str)
+    A sweep's cells usually share their eval section: each distinct one is checked once.
+    `data_has_problems`: the data checks already named problems of `data.path`, so a task that
+    reads its rows from that folder is not loaded again (one line per problem, not two)."""
+    key = json.dumps([config["eval"], config["data"]["path"], config["model"], data_has_problems],
+                     sort_keys=True, default=str)
     return list(_check_cached(key))
 
 
 @functools.lru_cache(maxsize=32)
 def _check_cached(key: str) -> tuple[str, ...]:
-    ev, data_path, model = json.loads(key)
-    return tuple(_check({"eval": ev, "data": {"path": data_path}, "model": model}))
+    ev, data_path, model, data_has_problems = json.loads(key)
+    return tuple(_check({"eval": ev, "data": {"path": data_path}, "model": model}, data_has_problems))
 
 
-def _check(config: dict[str, Any]) -> list[str]:
+def _check(config: dict[str, Any], data_has_problems: bool = False) -> list[str]:
     ev = config["eval"]
     key = "eval.tasks" if ev.get("tasks") else "eval.task"
     include = ev.get("include_path")
     if include and not Path(include).expanduser().is_dir():
         return [f"eval.include_path: {include} is not a folder (fix: a folder of lm-eval task YAMLs)"]
     names = configured_tasks(ev)
-    infos, problems = _load_infos(names, key, include, eval_data_dirs(config["data"]["path"], names))
+    data_dirs = eval_data_dirs(config["data"]["path"], names)
+    if data_has_problems:  # the data checks named them already; the task would only repeat them
+        names = [n for n in names if n not in data_dirs]
+    infos, problems = _load_infos(names, key, include, data_dirs)
     for info in infos.values():
         problems += _check_task(info, ev)
     problems += _check_cross_task(infos, ev, loaded_all=not problems)

@@ -23,13 +23,14 @@ def check_config(config: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     problems += check_model(config["model"])
     problems += check_model_fit(config) if not problems else []
-    problems += check_data(config)
+    data_problems = check_data(config)
+    problems += data_problems
     problems += check_policy(config["precision"])
     if not problems:
         problems += check_model_policy(config["model"], config["precision"])
     problems += check_device(config["train"], config["cluster"])
     problems += check_output(config["trial"].get("output"))
-    problems += check_eval_tasks(config)
+    problems += check_eval_tasks(config, data_has_problems=bool(data_problems))
     return problems
 
 
