@@ -522,7 +522,8 @@ def ablation_table(trials: pd.DataFrame, options: ReportOptions, evidence: Evide
             )
         gap = gaps[key]
         eff = row["effect_pts"]
-        ok_gap = gap is not None and fmt.ok(gap.delta) and gap.delta > 0
+        # a gap smaller than the equivalence margin is noise: a share of it (noise / noise) means nothing
+        ok_gap = gap is not None and fmt.ok(gap.delta) and gap.delta >= options.equivalence_margin_pts
         row.update(
             gap_pts=gap.delta if gap else math.nan, gap_low=gap.low if gap else math.nan,
             gap_high=gap.high if gap else math.nan, gap_p=gap.p if gap else math.nan,
@@ -563,7 +564,8 @@ def ablation_lines(ablations: pd.DataFrame, options: ReportOptions) -> list[str]
         if fmt.ok(r["share_of_gap"]):
             line += f", i.e. {float(r['share_of_gap']):.0%} of the {naive}→{prot} gap of {fmt.num(r['gap_pts'])} points"
         elif fmt.ok(r["gap_pts"]):
-            line += f"; the {naive}→{prot} gap is {fmt.num(r['gap_pts'], 1, True)} points, so no share is defined"
+            line += (f"; the {naive}→{prot} gap is {fmt.num(r['gap_pts'], 1, True)} points "
+                     f"[{fmt.num(r['gap_low'], 1, True)}, {fmt.num(r['gap_high'], 1, True)}], too small to share out")
         lines.append(f"{r['variant']}: {line}")
     return lines + gap_lines(ablations, options)
 

@@ -144,6 +144,17 @@ def test_ablation_attribution() -> None:
     assert "Holm-corrected" in line
 
 
+def test_no_share_of_a_gap_smaller_than_the_margin() -> None:
+    """fp8_naive and fp8_protected 0.2 points apart: a rung worth 75 points is not '45000% of the gap'."""
+    spec = [(p, s, acc, 1000.0, 1.0, "FINISHED", {}, abl) for p, abl, accs in (
+        ("bf16", "", (0.94, 0.95, 0.945)), ("fp8_naive", "", (0.945, 0.95, 0.947)),
+        ("fp8_protected", "", (0.947, 0.952, 0.949)), ("fp8_protected-no_scaler", "scaler", (0.19, 0.19, 0.195)),
+    ) for s, acc in enumerate(accs)]
+    abl = ablation_table(trials_of(spec), ReportOptions())
+    assert math.isnan(abl.iloc[0]["share_of_gap"]) and abl.iloc[0]["effect_pts"] > 70
+    assert "too small to share out" in ablation_lines(abl, ReportOptions())[0]
+
+
 def test_axes_get_their_own_baseline_and_n1_is_graceful() -> None:
     spec = [
         ("bf16", 0, 0.70, 100.0, 1.0, "FINISHED", {"lora.r": "8"}, ""),
