@@ -157,7 +157,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _print_plan(plan: Any, out: Any, axes_set: dict[str, str]) -> None:
     from rich.table import Table
 
-    from orchestrator.matrix import describe, flatten_axes
+    from orchestrator.axes import flatten_axes
+    from orchestrator.matrix import describe
 
     axes = flatten_axes(plan.config["sweep"]["axes"])
     out.print("axes: " + " x ".join(f"{k}={v}" + (f" (from {axes_set[k]})" if k in axes_set else "") for k, v in axes.items()),

@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from orchestrator.axes import flatten_axes
 from orchestrator.config_loader import compose_many, shipped_config_dir, to_container
 from orchestrator.errors import UserInputError
 from orchestrator.schema import validate_config
@@ -94,17 +95,6 @@ def _hydra_literal(value: Any) -> str:
         return "[" + ",".join(_hydra_literal(v) for v in value) + "]"
     escaped = str(value).replace("\\", "\\\\").replace("'", "\\'")
     return f"'{escaped}'"
-
-
-def flatten_axes(axes: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """`{lora: {r: [8, 16]}}` (from `+sweep.axes.lora.r=[8,16]`) becomes `{"lora.r": [8, 16]}`."""
-    flat: dict[str, Any] = {}
-    for key, value in axes.items():
-        if isinstance(value, dict):
-            flat.update(flatten_axes(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def expand_sweep(base_overrides: list[str], base_config: dict, config_dir: str | None = None) -> list[TrialSpec]:

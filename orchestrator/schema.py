@@ -207,7 +207,7 @@ def _check_axes(axes: Any, cfg: dict) -> list[str]:
     """Each axis is a known group/key with a non-empty list of values; seeds are integers."""
     if not isinstance(axes, dict):
         return []
-    from orchestrator.matrix import flatten_axes  # local: matrix imports this module
+    from orchestrator.axes import flatten_axes
 
     problems = []
     for key, values in flatten_axes(axes).items():

@@ -119,7 +119,7 @@ def _axis_override(key: str, values: list[str]) -> str:
 def _axis_keys(overrides: list[str], config_dir: str | None) -> set[str]:
     """The axes of the config these overrides compose (experiment files can bring their own)."""
     from orchestrator.config_loader import compose_config, to_container
-    from orchestrator.matrix import flatten_axes
+    from orchestrator.axes import flatten_axes
 
     axes = to_container(compose_config(overrides, config_dir))["sweep"]["axes"]
     return set(flatten_axes(axes)) if isinstance(axes, dict) else set()
