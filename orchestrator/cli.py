@@ -271,12 +271,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from orchestrator.config_loader import compose_config, to_container
-    from orchestrator.tracking import absolute_uri
     from orchestrator.sweep_grammar import refuse_sweep_overrides
+    from orchestrator.tracking import absolute_uri
+    from orchestrator.ui import runs_view_url, server_command, server_env
 
     refuse_sweep_overrides(args.overrides, "ui")
-    from orchestrator.ui import server_command, server_env, runs_view_url
-
     config = to_container(compose_config(args.overrides, args.config_dir))
     uri = absolute_uri(config["tracking"]["uri"])
     url = runs_view_url(uri, args.experiment or config["sweep"]["name"], args.host, args.port)
