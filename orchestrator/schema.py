@@ -11,6 +11,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from workloads.precision.backends.entries import requestable_names  # torch-free registry
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -76,7 +78,7 @@ SCHEMA: dict[str, Any] = {
     },
     "precision": {
         "policy": _str("bf16"),
-        "backend": _choice("emulated", "auto", "torchao", "transformer_engine"),
+        "backend": _choice(*requestable_names()),
         "switches": _OPEN_DICT,
         "telemetry": {
             "enabled": _BOOL,

@@ -4,31 +4,56 @@
     handle = apply_backend(model, policy, telemetry, choice)     # same handle API everywhere
 
 ``handle.backend`` / ``handle.emulated`` say what actually ran (trial result, MLflow tags).
-The backend modules are loaded only when used, so this package works without torchao and without
-Transformer Engine installed (Transformer Engine is imported only by ``apply_te`` and by the
-selection probe; note that peft itself imports torchao when it is installed).
+Every backend implements ``base.Backend``; ``entries.py`` registers each by name with the module
+that implements it, and the module is imported only when that backend is chosen, probed or
+checked -- so this package works without torchao and without Transformer Engine installed, and
+importing it (or ``entries``, the names the orchestrator validates against) loads no torch.
+Note that peft itself imports torchao when it is installed.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+from workloads.precision.backends.entries import (
+    AUTO,
+    BackendEntry,
+    auto_order,
+    register_backend,
+    requestable_names,
+)
 
-from workloads.precision.backends.select import BACKENDS, BackendChoice, select_backend
-from workloads.precision.policy import PrecisionPolicy, get_policy
-from workloads.precision.telemetry import Fp8Telemetry
+if TYPE_CHECKING:
+    from torch import nn
+
+    from workloads.precision.backends.base import BackendChoice
+    from workloads.precision.policy import PrecisionPolicy
+    from workloads.precision.telemetry import Fp8Telemetry
 
 __all__ = [
-    "BACKENDS",
     "BackendChoice",
+    "BackendEntry",
     "apply_backend",
     "backend_policy_errors",
+    "register_backend",
     "select_backend",
 ]
 
 log = logging.getLogger(__name__)
+
+_LAZY = {"BackendChoice": "base", "Backend": "base", "load_backend": "base",
+         "select_backend": "select"}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
 
 def apply_backend(
@@ -43,43 +68,33 @@ def apply_backend(
     ``recipe=``).
 
     When the choice came from ``auto`` and that backend cannot express the policy (e.g.
-    fp8_unscaled_fp8_adapters' plain casts on Transformer Engine), the next backend in auto's order that can
-    (transformer_engine -> torchao -> emulated) runs instead, with a warning; an explicit
-    request raises instead of silently running something else.
+    fp8_unscaled_fp8_adapters' plain casts on Transformer Engine), the next backend in auto's
+    order that can (``entries.auto_order()``: transformer_engine -> torchao -> emulated) runs
+    instead, with a warning; an explicit request raises instead of silently running something
+    else.
     """
+    from workloads.precision.backends.base import BackendChoice, load_backend
+    from workloads.precision.policy import get_policy
+
     policy = get_policy(policy) if isinstance(policy, str) else policy
     name = backend_choice.name
-    if backend_choice.requested == "auto":
-        order = ("transformer_engine", "torchao", "emulated")
+    if name == AUTO:
+        raise ValueError("backend_choice.name='auto' is not a backend that runs (use select_backend first)")
+    if backend_choice.requested == AUTO:
+        order = auto_order()
         for candidate in order[order.index(name) :]:
             problems = backend_policy_errors(candidate, policy)
             if not problems:
                 break
             log.warning("precision.backend=auto: %s; trying the next backend", problems[0])
         if candidate != name:
-            emulated = True if candidate == "emulated" else backend_choice.emulated
+            emulated = load_backend(candidate).always_emulated or backend_choice.emulated
             backend_choice = BackendChoice(
-                candidate, emulated, f"auto fell back from {name}", requested="auto"
+                candidate, emulated, f"auto fell back from {name}", requested=AUTO
             )
             log.info("precision.backend=auto -> %s for policy %s", candidate, policy.name)
-            name = candidate
-    if name == "emulated":
-        from workloads.precision.apply import apply_policy
-
-        if options:
-            raise TypeError(f"the emulated backend takes no options, got {sorted(options)}")
-        return apply_policy(model, policy, telemetry)
-    if name == "torchao":
-        from workloads.precision.backends.torchao_backend import apply_torchao
-
-        return apply_torchao(model, policy, telemetry, emulate=backend_choice.emulated, **options)
-    if name == "transformer_engine":
-        from workloads.precision.backends.te_backend import apply_te
-
-        return apply_te(model, policy, telemetry, **options)
-    raise ValueError(
-        f"backend_choice.name={name!r} is not a backend that runs (use select_backend first)"
-    )
+    backend = load_backend(backend_choice.name)
+    return backend.apply(model, policy, telemetry, backend_choice, **options)
 
 
 def backend_policy_errors(backend: str, policy: PrecisionPolicy | str) -> list[str]:
@@ -88,18 +103,12 @@ def backend_policy_errors(backend: str, policy: PrecisionPolicy | str) -> list[s
     For ``auto`` nothing is checked here (it may resolve to the emulated backend, which runs
     every policy). Returns sentences for preflight, empty when fine.
     """
+    from workloads.precision.backends.base import load_backend
+    from workloads.precision.policy import get_policy
+
     policy = get_policy(policy) if isinstance(policy, str) else policy
-    if backend not in BACKENDS:
-        return [f"precision.backend={backend!r} not in {BACKENDS}"]
-    try:
-        if backend == "torchao":
-            from workloads.precision.backends.torchao_backend import map_policy
-
-            map_policy(policy)
-        elif backend == "transformer_engine":
-            from workloads.precision.backends.te_backend import map_policy_te
-
-            map_policy_te(policy)
-    except ValueError as exc:
-        return [f"precision.backend={backend}: {exc}"]
-    return []
+    if backend == AUTO:
+        return []
+    if backend not in requestable_names():
+        return [f"precision.backend={backend!r} not in {requestable_names()}"]
+    return load_backend(backend).policy_errors(policy)

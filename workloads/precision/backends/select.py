@@ -11,43 +11,36 @@ Requested value and what runs:
 ``transformer_engine`` Transformer Engine. Needs TE importable *and* an SM 8.9+ CUDA device;
                        otherwise a ValueError that names ``precision.backend`` and the fix (TE
                        has no emulation mode).
-``auto``               TE if importable and the GPU is SM 8.9+, else torchao on such a GPU, else
-                       ``emulated``. auto never picks torchao-with-emulation: on a CPU the
-                       emulated backend is the reference implementation.
+``auto``               the backends in ``entries.auto_order()`` (TE, torchao, emulated): the first
+                       that runs real FP8 here -- TE if importable and the GPU is SM 8.9+, else
+                       torchao on such a GPU -- else the last, ``emulated``. auto never picks
+                       torchao-with-emulation: on a CPU the emulated backend is the reference.
 =====================  ===========================================================================
 
-The three probes (``_fp8_gpu``, ``_te_importable``, ``_torchao_importable``) are module-level
-functions so tests can monkeypatch them; each returns ``(ok, why)``. The choice and its reason are
-logged at INFO.
+Each backend says whether it can run (``Backend.availability``); the names and the auto order
+come from the registry (``entries.py``), so this module has no per-backend branch. The probes the
+built-in backends use (``_fp8_gpu``, ``_te_importable``, ``_torchao_importable``) live here as
+module-level functions so tests can monkeypatch them; each returns ``(ok, why)``. The choice and
+its reason are logged at INFO.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import logging
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-__all__ = ["BACKENDS", "BackendChoice", "MIN_FP8_CAPABILITY", "select_backend"]
+from workloads.precision.backends.base import BackendChoice, load_backend
+from workloads.precision.backends.entries import AUTO, auto_order, get_entry
+
+__all__ = ["BackendChoice", "MIN_FP8_CAPABILITY", "select_backend"]
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("emulated", "auto", "torchao", "transformer_engine")
 MIN_FP8_CAPABILITY = (8, 9)  # Ada (8.9) and Hopper (9.0)+ have FP8 tensor cores
-
-
-@dataclass(frozen=True)
-class BackendChoice:
-    """The backend that will run (never ``auto``), whether FP8 is emulated, and why."""
-
-    name: str
-    emulated: bool
-    reason: str
-    requested: str = ""  # what precision.backend said; 'auto' lets apply_backend fall back
 
 
 def select_backend(requested: str, device: torch.device | str) -> BackendChoice:
@@ -61,63 +54,34 @@ def select_backend(requested: str, device: torch.device | str) -> BackendChoice:
 
 
 def _select(requested: str, device: torch.device) -> BackendChoice:
-    if requested not in BACKENDS:
-        close = difflib.get_close_matches(str(requested), BACKENDS, n=1)
-        hint = f" — did you mean {close[0]!r}?" if close else ""
+    if requested == AUTO:
+        return _select_auto(device)
+    backend = load_backend(get_entry(requested).name)  # unknown names: did-you-mean error
+    found = backend.availability(device, auto=False)
+    if not found.ok:
         raise ValueError(
-            f"precision.backend={requested!r} is not a backend{hint} available: "
-            + ", ".join(BACKENDS)
+            f"precision.backend={requested} cannot run here: {found.reason}. Fix: {found.fix}"
         )
-    if requested == "emulated":
-        return BackendChoice("emulated", True, "requested explicitly")
+    reason = "requested explicitly" + (f"; {found.reason}" if found.reason else "")
+    return BackendChoice(backend.name, found.emulated, reason)
 
-    gpu_ok, gpu_why = _fp8_gpu(device)
-    if requested == "transformer_engine":
-        te_ok, te_why = _te_importable()
-        problems = [why for ok, why in ((te_ok, te_why), (gpu_ok, gpu_why)) if not ok]
-        if problems:
-            raise ValueError(
-                "precision.backend=transformer_engine cannot run here: "
-                + "; ".join(problems)
-                + ". Fix: install the extra (pip install 'fp8lab[te]') on a machine with CUDA and"
-                " an SM 8.9+ GPU (Ada/Hopper) and use train.device=cuda, or set"
-                " precision.backend=auto (falls back to torchao/emulated) or"
-                " precision.backend=emulated."
-            )
-        return BackendChoice("transformer_engine", False, f"requested explicitly; {gpu_why}")
 
-    ao_ok, ao_why = _torchao_importable()
-    if requested == "torchao":
-        if not ao_ok:
-            raise ValueError(
-                f"precision.backend=torchao cannot run here: {ao_why}. Fix: pip install"
-                " 'fp8lab[torchao]', or set precision.backend=emulated."
-            )
-        if gpu_ok:
-            return BackendChoice("torchao", False, f"requested explicitly; {gpu_why}")
-        return BackendChoice(
-            "torchao",
-            True,
-            f"requested explicitly, but {gpu_why}: torchao float8 runs with emulate=True"
-            " (real FP8 casts, GEMMs in FP32)",
-        )
-
-    # auto
-    if not gpu_ok:
-        return BackendChoice("emulated", True, f"auto: {gpu_why}")
-    te_ok, te_why = _te_importable()
-    if te_ok:
-        return BackendChoice("transformer_engine", False, f"auto: {gpu_why} and {te_why}")
-    if ao_ok:
-        return BackendChoice(
-            "torchao", False, f"auto: {gpu_why}; transformer_engine unavailable ({te_why})"
-        )
-    return BackendChoice(
-        "emulated",
-        True,
-        f"auto: {gpu_why}, but neither transformer_engine ({te_why}) nor torchao ({ao_why})"
-        " can be imported",
-    )
+def _select_auto(device: torch.device) -> BackendChoice:
+    """The first backend of ``auto_order()`` that runs real FP8 here, else the last (the
+    reference): auto never picks an emulating GPU backend."""
+    order = auto_order()
+    passed: list[str] = []
+    for name in order:
+        found = load_backend(name).availability(device, auto=True)
+        last = name == order[-1]
+        if found.ok and not found.emulated:
+            skipped = f"; {', '.join(passed)} unavailable" if passed else ""
+            return BackendChoice(name, False, f"auto: {found.reason}{skipped}")
+        if found.ok and last:
+            why = ", ".join(passed) or found.reason
+            return BackendChoice(name, found.emulated, f"auto: no real-FP8 backend here: {why}")
+        passed.append(f"{name} ({found.reason})")
+    raise ValueError(f"precision.backend=auto: no backend can run here: {'; '.join(passed)}")
 
 
 # -- probes (monkeypatched in tests) ---------------------------------------------------------

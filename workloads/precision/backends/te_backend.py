@@ -40,11 +40,13 @@ import torch
 from torch import nn
 
 from workloads.precision.apply import PrecisionHandle, apply_policy
+from workloads.precision.backends import select as probes
+from workloads.precision.backends.base import Availability, Backend, BackendChoice
 from workloads.precision.policy import PrecisionPolicy, get_policy
 from workloads.precision.telemetry import Fp8Telemetry
 from workloads.precision.walker import backend_sites
 
-__all__ = ["TeHandle", "TeMapping", "TePolicyError", "apply_te", "import_te", "map_policy_te"]
+__all__ = ["BACKEND", "TeHandle", "TeMapping", "TePolicyError", "apply_te", "import_te", "map_policy_te"]
 
 _FIELDS = ("base_weight", "base_activation", "base_dgrad")
 
@@ -285,3 +287,40 @@ def _te_plan(plan: list[dict[str, Any]], mapping: TeMapping, converted: list[str
 
 def _row(module: str, role: str, tensor: str, fmt: str, note: str) -> dict[str, Any]:
     return {"module": module, "role": role, "tensor": tensor, "format": fmt, "note": note}
+
+
+class TeBackend(Backend):
+    """Transformer Engine (module docstring): needs TE importable and an SM 8.9+ CUDA device."""
+
+    name = "transformer_engine"
+
+    def availability(self, device: torch.device, *, auto: bool) -> Availability:
+        gpu_ok, gpu_why = probes._fp8_gpu(device)
+        if auto and not gpu_ok:  # no FP8 GPU: don't try to import TE (loads CUDA libraries)
+            return Availability(False, False, gpu_why)
+        te_ok, te_why = probes._te_importable()
+        if te_ok and gpu_ok:
+            return Availability(True, False, f"{gpu_why} and {te_why}" if auto else gpu_why)
+        problems = [why for ok, why in ((te_ok, te_why), (gpu_ok, gpu_why)) if not ok]
+        fix = (
+            "install the extra (pip install 'fp8lab[te]') on a machine with CUDA and an SM 8.9+"
+            " GPU (Ada/Hopper) and use train.device=cuda, or set precision.backend=auto (falls"
+            " back to torchao/emulated) or precision.backend=emulated."
+        )
+        return Availability(False, False, "; ".join(problems), fix)
+
+    def map_policy(self, policy: PrecisionPolicy) -> TeMapping:
+        return map_policy_te(policy)
+
+    def apply(
+        self,
+        model: nn.Module,
+        policy: PrecisionPolicy,
+        telemetry: Fp8Telemetry | None,
+        choice: BackendChoice,
+        **options: Any,
+    ) -> TeHandle:
+        return apply_te(model, policy, telemetry, **options)
+
+
+BACKEND = TeBackend()

@@ -67,6 +67,8 @@ import torch
 from torch import nn
 
 from workloads.precision.apply import PrecisionHandle, apply_policy
+from workloads.precision.backends import select as probes
+from workloads.precision.backends.base import Availability, Backend, BackendChoice
 from workloads.precision.formats import E4M3, E5M2
 from workloads.precision.policy import PrecisionPolicy, get_policy
 from workloads.precision.scaling import CastSpec
@@ -74,6 +76,7 @@ from workloads.precision.telemetry import Fp8Telemetry, cast_stats, count_satura
 from workloads.precision.walker import backend_sites
 
 __all__ = [
+    "BACKEND",
     "RECIPES",
     "TorchaoHandle",
     "TorchaoMapping",
@@ -531,6 +534,41 @@ def _torchao_plan(
 
 def _row(module: str, role: str, tensor: str, fmt: str, note: str) -> dict[str, Any]:
     return {"module": module, "role": role, "tensor": tensor, "format": fmt, "note": note}
+
+
+class TorchaoBackend(Backend):
+    """torchao float8 training (module docstring); ``emulate=True`` without an FP8 GPU."""
+
+    name = "torchao"
+
+    def availability(self, device: torch.device, *, auto: bool) -> Availability:
+        gpu_ok, gpu_why = probes._fp8_gpu(device)
+        if auto and not gpu_ok:  # auto never emulates torchao: don't even import it
+            return Availability(False, True, gpu_why)
+        ao_ok, ao_why = probes._torchao_importable()
+        if not ao_ok:
+            fix = "pip install 'fp8lab[torchao]', or set precision.backend=emulated."
+            return Availability(False, not gpu_ok, ao_why, fix)
+        if gpu_ok:
+            return Availability(True, False, gpu_why if not auto else f"{gpu_why} and {ao_why}")
+        return Availability(True, True, f"{gpu_why}: torchao float8 runs with emulate=True (real"
+                            " FP8 casts, GEMMs in FP32)")  # fmt: skip
+
+    def map_policy(self, policy: PrecisionPolicy) -> TorchaoMapping:
+        return map_policy(policy)
+
+    def apply(
+        self,
+        model: nn.Module,
+        policy: PrecisionPolicy,
+        telemetry: Fp8Telemetry | None,
+        choice: BackendChoice,
+        **options: Any,
+    ) -> TorchaoHandle:
+        return apply_torchao(model, policy, telemetry, emulate=choice.emulated, **options)
+
+
+BACKEND = TorchaoBackend()
 
 
 def sqnr(ref: torch.Tensor, test: torch.Tensor) -> float:
