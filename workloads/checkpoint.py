@@ -77,11 +77,11 @@ class Checkpointer:
 def _scaler_state(scaler: Any) -> dict[str, Any] | None:
     if scaler is None:
         return None
-    return {"amax_history": scaler.amax_history, "scale_inv": scaler.scale_inv, "pos": scaler._pos, "seen": scaler._seen}
+    return {"amax_history": scaler.amax_history, "scale_inv": scaler.scale_inv, "pos": scaler._pos}
 
 
 def _restore_scaler(scaler: Any, saved: dict[str, Any] | None) -> None:
     if scaler is None or saved is None:
         return
     scaler.amax_history, scaler.scale_inv = saved["amax_history"], saved["scale_inv"]
-    scaler._pos, scaler._seen = saved["pos"], saved["seen"]
+    scaler._pos = saved["pos"]

@@ -1,4 +1,11 @@
-"""FP8 formats and the one cast every other module goes through.
+"""FP8 formats and the one codec (encode and decode) that training, export and tests all use.
+
+Encoding: ``scale_operand`` (``x * scale``, per tensor or per tile) then ``encode_scaled``
+(saturate, round to float8); ``TensorScaler.quantize`` picks the scale and calls both. Decoding:
+``dequantize`` (codes times ``scale_inv``, per tensor or per tile, one rounding to the compute
+dtype), which ``Fp8Tensor.dequantize`` calls; ``decode`` is the unscaled case. The round trip
+``quantize_dequantize`` is the same two halves. The compiled kernels at the end (``FUSED``) are a
+faster route to the very same numbers.
 
 All rounding, subnormal handling and flushing come from torch's own float8 dtypes
 (``torch.float8_e4m3fn``, ``torch.float8_e5m2``); this module only adds what torch's cast
@@ -26,9 +33,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 __all__ = [
     "Fp8Format",
+    "scale_operand",
+    "encode_scaled",
+    "as_2d",
+    "tiles",
     "E4M3",
     "E5M2",
     "FORMATS",
@@ -40,6 +52,7 @@ __all__ = [
     "restore_nan",
     "has_nan_code",
     "dequantize",
+    "mul_scale",
     "quantize_dequantize",
     "FUSED",
     "FUSED_MIN_NUMEL",
@@ -103,16 +116,12 @@ def saturating_cast(x: torch.Tensor, fmt: Fp8Format, *, inplace: bool = False) -
 
 
 def decode(q: torch.Tensor, dtype: torch.dtype, *, may_have_nan: bool = True) -> torch.Tensor:
-    """float8 -> ``dtype``, bit-identical to ``q.to(dtype)`` (every FP8 value is exact there).
+    """float8 -> ``dtype``, bit-identical to ``q.to(dtype)`` (every FP8 value is exact there):
+    ``dequantize`` with no scale.
 
     ``may_have_nan=False`` skips restoring NaN codes (see ``decode_fp32``).
     """
-    y, factor = decode_fp32(q)
-    if factor != 1.0:
-        y *= factor
-    if dtype != torch.float32:
-        y = y.to(dtype)
-    return restore_nan(y, q) if may_have_nan else y
+    return dequantize(q, None, dtype, may_have_nan=may_have_nan)
 
 
 def decode_fp32(q: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -178,31 +187,185 @@ _E4M3_TO_FP16_MASK = -0x4080  # int16 0xBF80: sign bit + the 7 shifted magnitude
 _E4M3_FROM_FP16_FACTOR = 256.0  # 2**(15 - 7): FP16 exponent bias minus E4M3 bias
 
 
-def dequantize(
-    q: torch.Tensor, scale_inv: torch.Tensor | float | None, dtype: torch.dtype
+# -- encode ----------------------------------------------------------------------------------
+def scale_operand(
+    x: torch.Tensor, scale: torch.Tensor | None, tile: tuple[int, int] | None, power_2: bool
 ) -> torch.Tensor:
-    """Decode float8 data and multiply by ``scale_inv`` in FP32, then cast to ``dtype``."""
-    if scale_inv is None:
-        return decode(q, dtype)
+    """``x * scale`` before the cast (``x`` itself when ``scale`` is None: a plain cast).
+
+    Power-of-2 scales are exact in x's own dtype (BF16/FP32), so no FP32 copy is made; otherwise
+    the product is taken in FP32 like TE's cast kernels, so the only rounding is FP8's."""
+    if scale is None:
+        return x
+    work = x if power_2 and x.dtype in (torch.bfloat16, torch.float32) else x.float()
+    return mul_scale(work, scale.to(work.dtype), tile)
+
+
+def encode_scaled(
+    scaled: torch.Tensor, fmt: Fp8Format, *, owned: bool, finite: bool = False
+) -> torch.Tensor:
+    """The float8 codes of an already scaled tensor (``scale_operand``), saturating.
+
+    ``owned``: ``scaled`` is a temporary the caller owns and may be overwritten. ``finite``: the
+    caller has checked that it holds no NaN/Inf, so the ``nan_to_num`` pass (a no-op then) is
+    skipped; the codes are the same."""
+    if finite:
+        fmax = fmt.max
+        clamped = scaled.clamp_(-fmax, fmax) if owned else scaled.clamp(-fmax, fmax)
+        return clamped.to(fmt.dtype)
+    return saturating_cast(scaled, fmt, inplace=owned)
+
+
+# -- decode --------------------------------------------------------------------------------
+@torch.no_grad()
+def dequantize(
+    q: torch.Tensor,
+    scale_inv: torch.Tensor | float | None,
+    dtype: torch.dtype,
+    tile: tuple[int, int] | None = None,
+    *,
+    may_have_nan: bool = True,
+) -> torch.Tensor:
+    """Decode float8 ``q`` times ``scale_inv`` into ``dtype``: the codes exactly in FP32, one
+    FP32 multiply by ``scale_inv`` (None: plain cast; 0-d: per tensor; one value per ``tile`` of
+    the 2-D view ``[R, C]``, shape ``[ceil(R/br), ceil(C/bc)]``) with the decoder's power-of-two
+    factor folded in (``decode_fp32``), one rounding to ``dtype``. Exact whenever the result is
+    representable (plain cast, or power-of-2 scales into BF16/FP32); otherwise the same single
+    rounding as TE. ``may_have_nan=False`` skips restoring NaN codes (checked frozen weights).
+
+    Large CPU tensors are decoded in row blocks that stay in the L2 cache (the FP32
+    intermediate is twice the size of the BF16 result), into one preallocated output; large 2-D
+    BF16/FP16 decodes run as one compiled kernel (``FUSED``) when available.
+    """
+    if scale_inv is not None and not isinstance(scale_inv, torch.Tensor):
+        scale_inv = torch.as_tensor(scale_inv, dtype=torch.float32, device=q.device)
+    fused = dtype in (torch.bfloat16, torch.float16) and q.dim() == 2
+    if fused and FUSED.usable(q) and _tiles_divide(q, scale_inv, tile):
+        out = FUSED.decode(q, scale_inv, tile, dtype)
+        if out is not None:
+            return out
+    factor = decode_fp32_factor(q)
+    mult = scale_inv * factor if scale_inv is not None and factor != 1.0 else scale_inv  # exact
+    rows = _row_block(q, tile, mult)
+    if rows is None:
+        return _decode_block(q, mult, tile, dtype, may_have_nan)
+    q2d = q.reshape(-1, q.shape[-1])
+    out = torch.empty(q2d.shape, dtype=dtype, device=q.device)
+    per_tile = mult is not None and mult.dim() > 0
+    for r0 in range(0, q2d.shape[0], rows):
+        m = mult[r0 // tile[0] : (r0 + rows) // tile[0]] if per_tile else mult
+        block = slice(r0, r0 + rows)
+        _decode_block(q2d[block], m, tile, dtype, may_have_nan, out[block])
+    return out.view(q.shape)
+
+
+_ROW_BLOCK_ELEMS = 1 << 17  # 128 Ki elements: 512 KiB of FP32 scratch per block
+
+
+def _tiles_divide(
+    data: torch.Tensor, scale_inv: torch.Tensor | None, tile: tuple[int, int] | None
+) -> bool:
+    """Per-tile scales that tile ``data`` (2-D) exactly, or no per-tile scales at all."""
+    if scale_inv is None or scale_inv.dim() == 0 or tile is None:
+        return True
+    return data.shape[0] % tile[0] == 0 and data.shape[1] % tile[1] == 0
+
+
+def _row_block(
+    data: torch.Tensor, tile: tuple[int, int] | None, mult: torch.Tensor | None
+) -> int | None:
+    """Rows per block when ``data`` is worth decoding blockwise (large, on CPU, tiles that
+    divide it evenly), else None."""
+    if data.device.type != "cpu" or data.numel() < 4 * _ROW_BLOCK_ELEMS or data.dim() < 2:
+        return None
+    cols = data.shape[-1]
+    rows = max(1, _ROW_BLOCK_ELEMS // cols)
+    if mult is not None and mult.dim() > 0:
+        if tile is None:  # a broadcast scale (tests), not per tile: decode in one piece
+            return None
+        n_rows = data.numel() // cols
+        if n_rows % tile[0] or cols % tile[1]:
+            return None
+        rows = max(tile[0], rows // tile[0] * tile[0])
+    return rows
+
+
+def _decode_block(
+    q: torch.Tensor,
+    mult: torch.Tensor | None,
+    tile: tuple[int, int] | None,
+    dtype: torch.dtype,
+    may_have_nan: bool,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode ``q`` times ``mult`` (None: plain cast) into ``dtype`` (or into ``out``)."""
     y, factor = decode_fp32(q)
-    mult = torch.as_tensor(scale_inv, dtype=torch.float32, device=q.device)
-    y = y * (mult * factor if factor != 1.0 else mult)  # exact: factor is a power of two
-    return restore_nan(y.to(dtype), q)
+    if mult is None:
+        if factor != 1.0:
+            y *= factor
+    else:  # mult already holds the factor (dequantize)
+        y = mul_scale(y, mult, tile, inplace=True)
+    if out is not None:
+        out.copy_(y)
+        y = out
+    elif y.dtype != dtype:
+        y = y.to(dtype)
+    return restore_nan(y, q) if may_have_nan else y
 
 
+# -- tiles -----------------------------------------------------------------------------------
+def as_2d(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+
+
+def tiles(x2d: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
+    """View ``[R, C]`` as ``[R/br, br, C/bc, bc]``, zero-padding R and C up to the tile."""
+    br, bc = tile
+    rows, cols = x2d.shape
+    pad_r, pad_c = (-rows) % br, (-cols) % bc
+    if pad_r or pad_c:
+        x2d = F.pad(x2d, (0, pad_c, 0, pad_r))
+    return x2d.view(x2d.shape[0] // br, br, x2d.shape[1] // bc, bc)
+
+
+def _untile(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    r_blocks, br, c_blocks, bc = t.shape
+    return t.reshape(r_blocks * br, c_blocks * bc)[:rows, :cols]
+
+
+def mul_scale(
+    x: torch.Tensor, scale: torch.Tensor, tile: tuple[int, int] | None, inplace: bool = False
+) -> torch.Tensor:
+    """``x * scale`` where ``scale`` is 0-d or per tile (broadcast over tiles with views, no loop).
+
+    ``inplace`` overwrites ``x`` when that is possible (a temporary the caller owns)."""
+    if tile is None or scale.dim() == 0:
+        return x.mul_(scale) if inplace else x * scale
+    shape = x.shape
+    x2d = as_2d(x)
+    br, bc = tile
+    if inplace and x.is_contiguous() and x2d.shape[0] % br == 0 and x2d.shape[1] % bc == 0:
+        tiles(x2d, tile).mul_(scale[:, None, :, None])
+        return x
+    y = tiles(x2d, tile) * scale[:, None, :, None]
+    return _untile(y, *x2d.shape).reshape(shape)
+
+
+# -- round trip ------------------------------------------------------------------------------
 def quantize_dequantize(
     x: torch.Tensor, fmt: Fp8Format, scale: torch.Tensor | float | None = None
 ) -> torch.Tensor:
     """Round-trip ``x`` through ``fmt``: ``cast(x * scale) / scale``, returned in ``x.dtype``.
 
     ``scale`` may be a scalar or any tensor broadcastable to ``x``; ``None`` is a plain cast.
-    The multiply happens in FP32 so that the only rounding is FP8's (as in TE's cast kernels).
+    The same two halves as training (``scale_operand`` + ``encode_scaled``, then
+    ``dequantize``), with the multiply in FP32 so that the only rounding is FP8's.
     """
-    if scale is None:
-        return decode(saturating_cast(x, fmt), x.dtype)
-    scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
-    q = saturating_cast(x.float() * scale, fmt)
-    return dequantize(q, scale.reciprocal(), x.dtype)
+    if scale is not None:
+        scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    scaled = scale_operand(x, scale, None, power_2=False)
+    q = encode_scaled(scaled, fmt, owned=scaled is not x)
+    return dequantize(q, None if scale is None else scale.reciprocal(), x.dtype)
 
 
 # -- fused kernels (torch.compile) -------------------------------------------------------------

@@ -14,7 +14,7 @@
 
 Speed (the emulation is benchmarked against BF16): tiles are reshapes/views, never Python
 loops; power-of-two scales are applied in BF16 without FP32 copies; temporaries are reused in
-place; E4M3 decoding avoids torch's slow CPU kernel (formats.decode_deferred) and folds the
+place; E4M3 decoding avoids torch's slow CPU kernel (formats.decode_fp32) and folds the
 decode factor into the scale multiply; nothing forces a device->host sync.
 
 Caveat: with activation checkpointing the recomputed forward casts again, so delayed-scaling
@@ -184,7 +184,6 @@ class Fp8BaseLinear(nn.Module):
         self.register_buffer("weight_fp8", q.data)
         self.register_buffer("weight_scale_inv", q.scale_inv)
         self._weight_tile = q.tile
-        self._weight_power_2 = q.power_2
         # SYNC: once at conversion -- lets every later decode skip the NaN-code fix-up. Checked
         # on the codes: no decoded copy of the weight, whose size would set the peak memory.
         self._weight_has_nan = has_nan_code(q.data)
@@ -205,7 +204,6 @@ class Fp8BaseLinear(nn.Module):
             self.weight_fp8,
             self.weight_scale_inv,
             self._weight_tile,
-            self._weight_power_2,
             self._weight_has_nan,
         )
         return q.dequantize(dtype)

@@ -33,17 +33,17 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from workloads.precision.formats import (
     FORMATS,
-    Fp8Format,
     FUSED,
-    decode_fp32,
-    decode_fp32_factor,
+    Fp8Format,
+    as_2d,
+    dequantize,
+    encode_scaled,
     get_format,
-    restore_nan,
-    saturating_cast,
+    scale_operand,
+    tiles,
 )
 
 __all__ = [
@@ -153,102 +153,26 @@ class CastSpec:
 
 
 class Fp8Tensor(NamedTuple):
-    """FP8 data plus what is needed to decode it.
+    """FP8 data plus what is needed to decode it (``formats.dequantize``).
 
     ``scale_inv`` is ``None`` (plain cast), a 0-d FP32 tensor (per-tensor) or an FP32 tensor of
     shape ``[ceil(R/br), ceil(C/bc)]`` for a ``tile=(br, bc)`` over the 2-D view ``[R, C]``.
-    ``power_2`` says the scales are powers of two (then decoding in BF16 is exact);
     ``may_have_nan=False`` lets the decoder skip restoring NaN codes (checked frozen weights).
     """
 
     data: torch.Tensor
     scale_inv: torch.Tensor | None
     tile: tuple[int, int] | None = None
-    power_2: bool = False
     may_have_nan: bool = True
 
-    @torch.no_grad()
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """Decode to ``dtype``: the codes exactly in FP32, one FP32 multiply by ``scale_inv``
-        (with the decoder's power-of-two factor folded in, see ``formats.decode_fp32``), one
-        rounding to ``dtype``. Exact whenever the result is representable (plain cast, or
-        power-of-2 scales into BF16/FP32); otherwise the same single rounding as TE.
-
-        Large CPU tensors are decoded in row blocks that stay in the L2 cache (the FP32
-        intermediate is twice the size of the BF16 result), into one preallocated output.
-        """
-        data, scale_inv, tile = self.data, self.scale_inv, self.tile
-        fused = dtype in (torch.bfloat16, torch.float16) and data.dim() == 2
-        if fused and FUSED.usable(data) and _tiles_divide(data, scale_inv, tile):
-            out = FUSED.decode(data, scale_inv, tile, dtype)
-            if out is not None:
-                return out
-        factor = decode_fp32_factor(data)
-        mult = scale_inv * factor if scale_inv is not None and factor != 1.0 else scale_inv  # exact
-        rows = _row_block(data, tile, mult)
-        if rows is None:
-            return _decode_block(data, mult, tile, dtype, self.may_have_nan)
-        q2d = data.reshape(-1, data.shape[-1])
-        out = torch.empty(q2d.shape, dtype=dtype, device=data.device)
-        per_tile = mult is not None and mult.dim() > 0
-        for r0 in range(0, q2d.shape[0], rows):
-            m = mult[r0 // tile[0] : (r0 + rows) // tile[0]] if per_tile else mult
-            block = slice(r0, r0 + rows)
-            _decode_block(q2d[block], m, tile, dtype, self.may_have_nan, out[block])
-        return out.view(data.shape)
+        """Decode to ``dtype`` with the one codec (``formats.dequantize``)."""
+        return dequantize(
+            self.data, self.scale_inv, dtype, self.tile, may_have_nan=self.may_have_nan
+        )
 
 
 _FINITE_CHECK_NUMEL = 1 << 14  # smaller: nan_to_num costs less than the check
-_ROW_BLOCK_ELEMS = 1 << 17  # 128 Ki elements: 512 KiB of FP32 scratch per block
-
-
-def _tiles_divide(
-    data: torch.Tensor, scale_inv: torch.Tensor | None, tile: tuple[int, int] | None
-) -> bool:
-    """Per-tile scales that tile ``data`` (2-D) exactly, or no per-tile scales at all."""
-    if scale_inv is None or scale_inv.dim() == 0 or tile is None:
-        return True
-    return data.shape[0] % tile[0] == 0 and data.shape[1] % tile[1] == 0
-
-
-def _row_block(
-    data: torch.Tensor, tile: tuple[int, int] | None, mult: torch.Tensor | None
-) -> int | None:
-    """Rows per block when ``data`` is worth decoding blockwise (large, on CPU, tiles that
-    divide it evenly), else None."""
-    if data.device.type != "cpu" or data.numel() < 4 * _ROW_BLOCK_ELEMS or data.dim() < 2:
-        return None
-    cols = data.shape[-1]
-    rows = max(1, _ROW_BLOCK_ELEMS // cols)
-    if tile is not None and mult is not None and mult.dim() > 0:
-        n_rows = data.numel() // cols
-        if n_rows % tile[0] or cols % tile[1]:
-            return None
-        rows = max(tile[0], rows // tile[0] * tile[0])
-    return rows
-
-
-def _decode_block(
-    q: torch.Tensor,
-    mult: torch.Tensor | None,
-    tile: tuple[int, int] | None,
-    dtype: torch.dtype,
-    may_have_nan: bool,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Decode ``q`` times ``mult`` (None: plain cast) into ``dtype`` (or into ``out``)."""
-    y, factor = decode_fp32(q)
-    if mult is None:
-        if factor != 1.0:
-            y *= factor
-    else:  # mult already holds the factor (Fp8Tensor.dequantize)
-        y = _mul_scale(y, mult, tile, inplace=True)
-    if out is not None:
-        out.copy_(y)
-        y = out
-    elif y.dtype != dtype:
-        y = y.to(dtype)
-    return restore_nan(y, q) if may_have_nan else y
 
 
 _MAX_SCALE = 2.0**100  # scale and 1/scale stay far from FP32/BF16 overflow (amax near 0 or huge)
@@ -279,54 +203,17 @@ def tile_shape_for(role: Role, block_size: int) -> tuple[int, int]:
     return (block_size, block_size) if role == "weight" else (1, block_size)
 
 
-def _as_2d(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-
-
-def _tiles(x2d: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
-    """View ``[R, C]`` as ``[R/br, br, C/bc, bc]``, zero-padding R and C up to the tile."""
-    br, bc = tile
-    rows, cols = x2d.shape
-    pad_r, pad_c = (-rows) % br, (-cols) % bc
-    if pad_r or pad_c:
-        x2d = F.pad(x2d, (0, pad_c, 0, pad_r))
-    return x2d.view(x2d.shape[0] // br, br, x2d.shape[1] // bc, bc)
-
-
-def _untile(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    r_blocks, br, c_blocks, bc = t.shape
-    return t.reshape(r_blocks * br, c_blocks * bc)[:rows, :cols]
-
-
 def block_amax(x: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
     """Per-tile amax of the 2-D view of ``x``, shape ``[ceil(R/br), ceil(C/bc)]`` (FP32)."""
-    tiles = _tiles(_as_2d(x.detach()), tile)
+    tiles_ = tiles(as_2d(x.detach()), tile)
     if tile[0] == 1:  # 1 x b tiles: one reduction over the last dim, no abs copy
-        lo, hi = torch.aminmax(tiles.squeeze(1), dim=-1)
+        lo, hi = torch.aminmax(tiles_.squeeze(1), dim=-1)
         return torch.maximum(hi, -lo).float()
     # two reductions instead of an |x| copy (frozen weights are converted once, but a copy of
     # the largest weight would set the process's peak memory)
-    hi = tiles.amax(dim=(1, 3))
-    lo = tiles.amin(dim=(1, 3))
+    hi = tiles_.amax(dim=(1, 3))
+    lo = tiles_.amin(dim=(1, 3))
     return torch.maximum(hi, -lo).float()
-
-
-def _mul_scale(
-    x: torch.Tensor, scale: torch.Tensor, tile: tuple[int, int] | None, inplace: bool = False
-) -> torch.Tensor:
-    """``x * scale`` where ``scale`` is 0-d or per tile (broadcast over tiles with views, no loop).
-
-    ``inplace`` overwrites ``x`` when that is possible (a temporary the caller owns)."""
-    if tile is None or scale.dim() == 0:
-        return x.mul_(scale) if inplace else x * scale
-    shape = x.shape
-    x2d = _as_2d(x)
-    br, bc = tile
-    if inplace and x.is_contiguous() and x2d.shape[0] % br == 0 and x2d.shape[1] % bc == 0:
-        _tiles(x2d, tile).mul_(scale[:, None, :, None])
-        return x
-    y = _tiles(x2d, tile) * scale[:, None, :, None]
-    return _untile(y, *x2d.shape).reshape(shape)
 
 
 def expand_blocks(scale: torch.Tensor, tile: tuple[int, int], shape: torch.Size) -> torch.Tensor:
@@ -354,7 +241,6 @@ class TensorScaler:
         self.amax_history: torch.Tensor | None = None  # delayed only; created on first use
         self.scale_inv: torch.Tensor | None = None  # last scale_inv used, for telemetry
         self._pos = 0  # next history slot (host int: indexing with it needs no sync)
-        self._seen = 0
 
     @property
     def uses_history(self) -> bool:
@@ -387,7 +273,6 @@ class TensorScaler:
         history = self._history(x.device)
         history[self._pos] = tensor_amax(x) if amax is None else amax
         self._pos = (self._pos + 1) % len(history)
-        self._seen += 1
 
     @torch.no_grad()
     def quantize(
@@ -405,15 +290,8 @@ class TensorScaler:
         """
         kind = self.recipe.kind
         scale, amax = self._scale_and_amax(x)
-        power_2 = self.recipe.power_2_scale
-        if scale is None:
-            scaled = x
-            self.scale_inv = None
-        else:
-            # Power-of-2 scales are exact in x's own dtype; otherwise multiply in FP32 like TE.
-            work = x if power_2 and x.dtype in (torch.bfloat16, torch.float32) else x.float()
-            scaled = _mul_scale(work, scale.to(work.dtype), self.tile)
-            self.scale_inv = scale.reciprocal()
+        scaled = scale_operand(x, scale, self.tile, self.recipe.power_2_scale)
+        self.scale_inv = None if scale is None else scale.reciprocal()
         x_amax = amax if kind == "current" else None  # amax of x itself, when at hand
         finite = False
         if x.device.type == "cpu" and x.numel() >= _FINITE_CHECK_NUMEL:
@@ -424,14 +302,9 @@ class TensorScaler:
                 peak = x_amax if scale is None else x_amax * scale  # exact, or the same rounding
                 finite = bool(torch.isfinite(peak))
         saturated = self._count_saturated(scaled) if count_saturated else None
-        if finite:
-            fmax = self.fmt.max
-            clamped = scaled.clamp_(-fmax, fmax) if scaled is not x else x.clamp(-fmax, fmax)
-            data = clamped.to(self.fmt.dtype)
-        else:
-            data = saturating_cast(scaled, self.fmt, inplace=scaled is not x)
+        data = encode_scaled(scaled, self.fmt, owned=scaled is not x, finite=finite)
         self.observe(x, x_amax)
-        return Fp8Tensor(data, self.scale_inv, self.tile, power_2, may_have_nan=not finite), saturated
+        return Fp8Tensor(data, self.scale_inv, self.tile, may_have_nan=not finite), saturated
 
     @torch.no_grad()
     def quantize_dequantize(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -465,7 +338,7 @@ class TensorScaler:
     def reset(self) -> None:
         """Forget the amax history (e.g. between independent runs on the same model)."""
         self.amax_history = None
-        self._pos = self._seen = 0
+        self._pos = 0
 
     def _history(self, device: torch.device) -> torch.Tensor:
         if self.amax_history is None or self.amax_history.device != device:

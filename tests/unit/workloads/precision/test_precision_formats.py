@@ -125,3 +125,19 @@ def test_quantize_dequantize_keeps_dtype_and_applies_scale():
     assert scaled.dtype == torch.bfloat16
     rel = ((scaled.float() - x.float()) / x.float()).abs()
     assert (rel <= 2.0**-4).all()  # 3 mantissa bits: half an ulp is 1/16 relative
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_training_round_trip_is_the_codec_round_trip(fmt):
+    """The scaler (training) and ``quantize_dequantize`` (the references above) run one codec:
+    a tensor large enough for the integer decoder and the row-blocked decode gives the same bits."""
+    from workloads.precision.scaling import ScalingRecipe, TensorScaler
+
+    x = torch.randn(1024, 640, generator=torch.Generator().manual_seed(0)) * 3
+    x[0, :4] = torch.tensor([math.nan, math.inf, -1e9, 1e-30])
+    scaler = TensorScaler(ScalingRecipe("current", power_2_scale=False), fmt, "activation")
+    q, _ = scaler.quantize(x[1:])
+    ref = quantize_dequantize(x[1:], fmt, scaler.scale(x[1:]))
+    assert torch.equal(q.dequantize(torch.float32), ref)
+    plain = TensorScaler(ScalingRecipe("none"), fmt, "activation").quantize(x)[0]
+    assert bits(plain.dequantize(torch.float32)) == bits(quantize_dequantize(x, fmt))
