@@ -54,6 +54,7 @@ from workloads.precision.linear import (
     LoraComputeLinear,
 )
 from workloads.precision.policy import PrecisionPolicy, get_policy
+from workloads.precision.scaling import get_kind
 from workloads.precision.telemetry import Fp8Telemetry, count_saturated
 from workloads.precision.walker import LINEAR_TYPES, FrozenLinear, frozen_linears
 
@@ -319,7 +320,7 @@ def _convert_lora(
     if policy.lora_gemm == "fp8":
         scaling = policy.lora_gemm_scaling
         # A plain cast of FP8-stored weights is exact; their rounding is logged in after_step.
-        record_weight = policy.lora_storage != "fp8_e4m3" or scaling != "none"
+        record_weight = policy.lora_storage != "fp8_e4m3" or not get_kind(scaling).plain
         plan.append(_row(name, "lora", "activation", f"e4m3/{scaling}", "fwd GEMM input"))
         plan.append(_row(name, "lora", "weight", f"e4m3/{scaling}", "fwd/dgrad GEMM operand"))
         plan.append(

@@ -75,7 +75,7 @@ class CastSite:
             return x.to(dtype)
         tel = self.telemetry
         if tel is None or not tel.recording:
-            if scaler.recipe.kind == "none":  # stateless: siblings fed the same x share one cast
+            if scaler.kind.plain:  # stateless: siblings fed the same x share one cast
                 return _PLAIN_CASTS.get(x, dtype, scaler)
             return scaler.quantize_dequantize(x, dtype)
         q, saturated = scaler.quantize(x, count_saturated=True)

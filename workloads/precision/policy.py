@@ -41,7 +41,7 @@ import torch
 
 from workloads.precision.grad_scaler import GradScalerConfig
 from workloads.precision.ladder import MECHANISMS, RUNGS
-from workloads.precision.scaling import CastSpec, ScalingRecipe
+from workloads.precision.scaling import KINDS, CastSpec, ScalingRecipe, get_kind
 
 __all__ = [
     "PrecisionPolicy",
@@ -109,7 +109,7 @@ class PrecisionPolicy:
     @property
     def uses_delayed_scaling(self) -> bool:
         return any(
-            getattr(self, f).enabled and getattr(self, f).recipe.kind == "delayed"
+            getattr(self, f).enabled and getattr(self, f).recipe.scaling.from_history
             for f in _CAST_FIELDS
         )
 
@@ -132,7 +132,7 @@ class PrecisionPolicy:
             if self.lora_grad == "fp32" and not self.lm_head_fp8 and not self.lora_grad_scaler:
                 return "bf16"
         lora = (
-            (("L8pl" if self.lora_gemm_scaling == "none" else "L8cur") if self.lora_gemm == "fp8" else "Lbf16")
+            ("L8" + get_kind(self.lora_gemm_scaling).short if self.lora_gemm == "fp8" else "Lbf16")
             + ("w8" if self.lora_storage == "fp8_e4m3" else "")
             + ("g8" if self.lora_grad == "fp8_e5m2" else "")
             + ("s" if self.lora_grad_scaler else "")
@@ -191,8 +191,7 @@ SWITCHES: tuple[str, ...] = tuple(
 def _spec_tag(spec: CastSpec) -> str:
     if not spec.enabled:
         return "bf16"
-    short = {"none": "pl", "current": "cur", "delayed": "dly", "block": "blk"}
-    return "8" + short[spec.recipe.kind]
+    return "8" + spec.recipe.scaling.short
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -211,10 +210,10 @@ def _validate(p: PrecisionPolicy) -> list[str]:
             errors.append(f"{name} must be a CastSpec (use with_switches to pass strings)")
     if errors:
         return errors
-    if p.base_weight.enabled and p.base_weight.recipe.kind == "delayed":
-        errors.append(
-            "base_weight: frozen weights are cast once; use none|current|block, not delayed"
-        )
+    weight_kind = p.base_weight.recipe.scaling
+    if p.base_weight.enabled and not weight_kind.frozen_weight_ok:
+        ok = "|".join(k.name for k in KINDS.values() if k.frozen_weight_ok)
+        errors.append(f"base_weight: frozen weights are cast once; use {ok}, not {weight_kind.name}")
     for name, value, allowed in (
         ("lora_storage", p.lora_storage, LORA_STORAGE),
         ("base_weight_storage", p.base_weight_storage, BASE_WEIGHT_STORAGE),

@@ -20,6 +20,14 @@ FP32 copy and the cast is still a single rounding -- the emulation gets cheaper 
 fidelity. The price is at most one binade of headroom (amax lands in (fmax/2, fmax]).
 ``power_2_scale=False`` gives TE's DelayedScaling/CurrentScaling arithmetic (FP32 multiply).
 
+Each kind is a small class (``PlainKind``, ``CurrentKind``, ``DelayedKind``, ``BlockKind``, one
+instance each in ``KINDS``) that says where its amax comes from, whether it keeps a history,
+whether a cast can saturate, whether the fused per-tensor kernel may run it, and its tags.
+Configs keep the names (``scaling: current``); ``ScalingRecipe.scaling`` is the parsed object and
+nothing compares kind names. A new recipe (static scales, MX blocks, ...) is one subclass passed
+to ``register_kind`` plus its mapping in each GPU backend (``map_policy`` in ``backends/torchao_backend.py``,
+``map_policy_te`` in ``backends/te_backend.py``), which refuse a kind they cannot map.
+
 Everything stays on the device: no ``.item()``, no host sync. An amax of 0 (all-zero tensor) or
 a non-finite amax gives scale 1, so zeros stay zeros and Inf/NaN still reach the cast and show up
 as non-finite instead of being scaled to 0.
@@ -30,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import torch
 
@@ -47,7 +55,11 @@ from workloads.precision.formats import (
 )
 
 __all__ = [
+    "KINDS",
     "SCALING_KINDS",
+    "ScalingKind",
+    "get_kind",
+    "register_kind",
     "ScalingRecipe",
     "CastSpec",
     "Role",
@@ -60,9 +72,107 @@ __all__ = [
     "expand_blocks",
 ]
 
-SCALING_KINDS = ("none", "current", "delayed", "block")
 AMAX_ALGOS = ("max", "most_recent")
 Role = Literal["activation", "grad", "weight"]
+
+
+class ScalingKind:
+    """One kind of scaling recipe (module docstring). Subclasses set the class attributes and
+    ``amax``; the flags replace comparisons of kind names everywhere else."""
+
+    name: ClassVar[str]
+    short: ClassVar[str]  # in policy tags: W8cur, A8dly, G8pl ...
+    plain: ClassVar[bool] = False  # no scale at all (scale 1)
+    from_history: ClassVar[bool] = False  # the amax of earlier tensors: needs calibration
+    own_amax: ClassVar[bool] = False  # the amax is this very tensor's (reusable by a history)
+    saturates: ClassVar[bool] = True  # |x * scale| can exceed fmax (the scale is not from x)
+    tiled: ClassVar[bool] = False  # one scale per tile
+    fused: ClassVar[bool] = True  # the fused per-tensor quantize-dequantize kernel may run it
+    frozen_weight_ok: ClassVar[bool] = True  # a frozen weight, cast once, may use it
+
+    def tag(self, recipe: ScalingRecipe) -> str:
+        """Short name for plans and run names, e.g. 'delayed16', 'block128', 'current'."""
+        return self.name
+
+    def tile(self, role: Role, block_size: int) -> tuple[int, int] | None:
+        """The tile one scale covers, or None for a per-tensor scale."""
+        return None
+
+    def amax(self, scaler: TensorScaler, x: torch.Tensor) -> torch.Tensor | None:
+        """The amax the scale of ``x`` comes from (None: no scale)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<scaling kind {self.name}>"
+
+
+class PlainKind(ScalingKind):
+    """``none``: plain cast, scale 1 -- what a naive FP8 conversion does."""
+
+    name, short, plain = "none", "pl", True
+
+    def amax(self, scaler: TensorScaler, x: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+
+class CurrentKind(ScalingKind):
+    """``current``: per-tensor scale from this very tensor's amax."""
+
+    name, short, own_amax, saturates = "current", "cur", True, False
+
+    def amax(self, scaler: TensorScaler, x: torch.Tensor) -> torch.Tensor | None:
+        return tensor_amax(x)
+
+
+class DelayedKind(ScalingKind):
+    """``delayed``: per-tensor scale from an amax history of earlier casts (TE DelayedScaling)."""
+
+    name, short, from_history, frozen_weight_ok = "delayed", "dly", True, False
+
+    def tag(self, recipe: ScalingRecipe) -> str:
+        return f"delayed{recipe.amax_history_len}"
+
+    def amax(self, scaler: TensorScaler, x: torch.Tensor) -> torch.Tensor | None:
+        return scaler._history_amax(x.device)
+
+
+class BlockKind(ScalingKind):
+    """``block``: one scale per 1x128 (activations, gradients) or 128x128 (weights) tile."""
+
+    name, short, saturates, tiled, fused = "block", "blk", False, True, False
+
+    def tag(self, recipe: ScalingRecipe) -> str:
+        return f"block{recipe.block_size}"
+
+    def tile(self, role: Role, block_size: int) -> tuple[int, int] | None:
+        return tile_shape_for(role, block_size)
+
+    def amax(self, scaler: TensorScaler, x: torch.Tensor) -> torch.Tensor | None:
+        return block_amax(x, scaler.tile)
+
+
+KINDS: dict[str, ScalingKind] = {}
+
+
+def register_kind(kind: ScalingKind) -> ScalingKind:
+    """Make ``kind`` usable as ``ScalingRecipe(kind.name)`` (and ``scaling: <name>`` in YAML)."""
+    if kind.name in KINDS:
+        raise ValueError(f"scaling kind {kind.name!r} is already registered")
+    KINDS[kind.name] = kind
+    return kind
+
+
+for _kind in (PlainKind(), CurrentKind(), DelayedKind(), BlockKind()):
+    register_kind(_kind)
+SCALING_KINDS = tuple(KINDS)  # the built-in kinds
+
+
+def get_kind(name: str) -> ScalingKind:
+    """The kind object for a config name ('none' | 'current' | 'delayed' | 'block')."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ValueError(f"scaling kind {name!r} not in {tuple(KINDS)}") from None
 
 
 @dataclass(frozen=True)
@@ -78,8 +188,8 @@ class ScalingRecipe:
 
     def __post_init__(self) -> None:
         errors = []
-        if self.kind not in SCALING_KINDS:
-            errors.append(f"kind={self.kind!r} not in {SCALING_KINDS}")
+        if self.kind not in KINDS:
+            errors.append(f"kind={self.kind!r} not in {tuple(KINDS)}")
         if self.amax_compute_algo not in AMAX_ALGOS:
             errors.append(f"amax_compute_algo={self.amax_compute_algo!r} not in {AMAX_ALGOS}")
         if self.amax_history_len < 1:
@@ -90,13 +200,14 @@ class ScalingRecipe:
             raise ValueError("invalid ScalingRecipe: " + "; ".join(errors))
 
     @property
+    def scaling(self) -> ScalingKind:
+        """The kind object the ``kind`` name stands for (validated on construction)."""
+        return KINDS[self.kind]
+
+    @property
     def tag(self) -> str:
         """Short name for plans and run names, e.g. 'delayed16', 'block128', 'current'."""
-        if self.kind == "delayed":
-            return f"delayed{self.amax_history_len}"
-        if self.kind == "block":
-            return f"block{self.block_size}"
-        return self.kind
+        return self.scaling.tag(self)
 
 
 @dataclass(frozen=True)
@@ -236,7 +347,8 @@ class TensorScaler:
         self.recipe = recipe
         self.fmt = fmt
         self.role = role
-        self.tile = tile_shape_for(role, recipe.block_size) if recipe.kind == "block" else None
+        self.kind = recipe.scaling
+        self.tile = self.kind.tile(role, recipe.block_size)
         self.calibrating = False
         self.amax_history: torch.Tensor | None = None  # delayed only; created on first use
         self.scale_inv: torch.Tensor | None = None  # last scale_inv used, for telemetry
@@ -244,7 +356,7 @@ class TensorScaler:
 
     @property
     def uses_history(self) -> bool:
-        return self.recipe.kind == "delayed"
+        return self.kind.from_history
 
     def scale(self, x: torch.Tensor) -> torch.Tensor | None:
         """The scale to multiply ``x`` by before the cast; None for a plain cast."""
@@ -253,15 +365,9 @@ class TensorScaler:
     def _scale_and_amax(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(scale, amax the scale came from: of ``x`` itself for current/block, of the history
         for delayed, None for a plain cast)."""
-        kind = self.recipe.kind
-        if kind == "none":
+        amax = self.kind.amax(self, x)
+        if amax is None:
             return None, None
-        if kind == "current":
-            amax = tensor_amax(x)
-        elif kind == "block":
-            amax = block_amax(x, self.tile)
-        else:
-            amax = self._history_amax(x.device)
         scale = amax_to_scale(amax, self.fmt.max, self.recipe.margin, self.recipe.power_2_scale)
         return scale, amax
 
@@ -288,14 +394,14 @@ class TensorScaler:
         finite data) and the decoder skips restoring NaN codes (there are none). Elsewhere, or
         when something is not finite, the general path runs. The FP8 codes are the same.
         """
-        kind = self.recipe.kind
+        kind = self.kind
         scale, amax = self._scale_and_amax(x)
         scaled = scale_operand(x, scale, self.tile, self.recipe.power_2_scale)
         self.scale_inv = None if scale is None else scale.reciprocal()
-        x_amax = amax if kind == "current" else None  # amax of x itself, when at hand
+        x_amax = amax if kind.own_amax else None  # amax of x itself, when at hand
         finite = False
         if x.device.type == "cpu" and x.numel() >= _FINITE_CHECK_NUMEL:
-            if kind in ("current", "block"):  # the scale came from x's amax: |x * scale| <~ fmax
+            if not kind.saturates:  # the scale came from x's amax: |x * scale| <~ fmax
                 finite = bool(torch.isfinite(amax).all())
             else:
                 x_amax = tensor_amax(x)  # delayed needs it for the history anyway
@@ -312,8 +418,7 @@ class TensorScaler:
         (the cast sites of a step that telemetry does not record). Per-tensor recipes on large
         CPU tensors run as one fused kernel (``formats.FUSED``); the FP8 codes, scales and amax
         history are the same as on the two-step path."""
-        kind = self.recipe.kind
-        if kind != "block" and FUSED.usable(x):
+        if self.kind.fused and FUSED.usable(x):
             scale, _ = self._scale_and_amax(x)
             scale_inv = None if scale is None else scale.reciprocal()
             out = FUSED.qdq(
@@ -328,7 +433,7 @@ class TensorScaler:
         return q.dequantize(dtype)
 
     def _count_saturated(self, scaled: torch.Tensor) -> torch.Tensor:
-        if self.recipe.kind in ("current", "block"):
+        if not self.kind.saturates:
             # The scale came from this very tensor's (tile's) amax: nothing exceeds fmax beyond
             # FP32 rounding (none at all with power-of-2 scales), so skip the pass. NaN/Inf
             # are reported as non-finite instead.

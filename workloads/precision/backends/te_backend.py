@@ -97,7 +97,7 @@ def map_policy_te(policy: PrecisionPolicy | str) -> TeMapping:
             f"policy {policy.name!r} casts only some base GEMM operands to FP8 ({', '.join(on)});"
             f" a TE recipe casts all of them{fix}"
         )
-    plain = [f for f, s in specs.items() if s.recipe.kind == "none"]
+    plain = [f for f, s in specs.items() if s.recipe.scaling.plain]
     if plain:
         raise TePolicyError(
             f"policy {policy.name!r} uses plain (unscaled) FP8 casts ({', '.join(plain)}), which"
@@ -106,18 +106,22 @@ def map_policy_te(policy: PrecisionPolicy | str) -> TeMapping:
     for f in ("base_weight", "base_activation"):
         if specs[f].fmt != "e4m3":
             raise TePolicyError(f"policy {policy.name!r}: {f}={specs[f].tag}; TE needs E4M3{fix}")
-    kinds = {f: s.recipe.kind for f, s in specs.items()}
+    kinds = {f: s.recipe.scaling for f, s in specs.items()}
+    unknown = [f"{f}={specs[f].tag}" for f, k in kinds.items()
+               if not (k.tiled or k.from_history or k.own_amax)]  # fmt: skip
+    if unknown:
+        raise TePolicyError(f"policy {policy.name!r}: no TE recipe for {', '.join(unknown)}{fix}")
     dgrad_fmt = specs["base_dgrad"].fmt
     deviations: list[str] = []
-    if "block" in kinds.values():
+    if any(k.tiled for k in kinds.values()):
         recipe, fmt, kwargs = "Float8BlockScaling", "E4M3", {}
         for f, k in kinds.items():
-            if k != "block":
+            if not k.tiled:
                 deviations.append(f"{f}: {specs[f].recipe.tag} -> block (TE Float8BlockScaling)")
         if dgrad_fmt == "e5m2":
             deviations.append("base_dgrad: e5m2 -> e4m3 (Float8BlockScaling is E4M3 throughout)")
-    elif "delayed" in kinds.values():
-        delayed = [specs[f].recipe for f, k in kinds.items() if k == "delayed"]
+    elif any(k.from_history for k in kinds.values()):
+        delayed = [specs[f].recipe for f, k in kinds.items() if k.from_history]
         r = delayed[0]
         recipe = "DelayedScaling"
         fmt = "HYBRID" if dgrad_fmt == "e5m2" else "E4M3"
@@ -127,7 +131,7 @@ def map_policy_te(policy: PrecisionPolicy | str) -> TeMapping:
             "margin": r.margin,
         }
         for f, k in kinds.items():
-            if k != "delayed":
+            if not k.from_history:
                 deviations.append(f"{f}: {specs[f].recipe.tag} -> delayed (TE DelayedScaling)")
     else:
         recipe, kwargs = "Float8CurrentScaling", {}

@@ -152,13 +152,13 @@ def map_policy(policy: PrecisionPolicy | str, recipe: str | None = None) -> Torc
                 f"policy {policy.name!r}: {f}={getattr(policy, f).tag}, but torchao casts GEMM"
                 f" weights and inputs to E4M3{fix}"
             )
-    kinds = {op: s.recipe.kind for op, s in specs.items()}
-    plain = frozenset(op for op, k in kinds.items() if k == "none")
+    kinds = {op: s.recipe.scaling for op, s in specs.items()}
+    plain = frozenset(op for op, k in kinds.items() if k.plain)
     dgrad = specs["grad_output"]
     if recipe is None:
         if "grad_output" in plain and dgrad.fmt == "e5m2":
             recipe = "tensorwise"  # rowwise recipes cast grads to E4M3: a plain E4M3 grad differs
-        elif "block" in kinds.values():
+        elif any(k.tiled for k in kinds.values()):
             recipe = "rowwise"
         else:
             recipe = "tensorwise"
@@ -208,8 +208,9 @@ def map_policy(policy: PrecisionPolicy | str, recipe: str | None = None) -> Torc
 
 
 def _scaling_deviation(op: str, spec: CastSpec, recipe: str) -> str:
-    """How torchao's scaling of operand ``op`` differs from the policy's ('' when it doesn't)."""
-    want, kind = spec.recipe.tag, spec.recipe.kind
+    """How torchao's scaling of operand ``op`` differs from the policy's ('' when it doesn't);
+    TorchaoPolicyError for a scaling kind torchao has no mapping for."""
+    want, kind = spec.recipe.tag, spec.recipe.scaling
     if recipe == "tensorwise":
         got = "one per-tensor scale"
     elif op == "weight":
@@ -217,12 +218,14 @@ def _scaling_deviation(op: str, spec: CastSpec, recipe: str) -> str:
         got = f"per-output-channel (fwd) / {dgrad} (dgrad) scales"
     else:
         got = "one scale per row (1 x K)"
-    if kind == "current":
+    if kind.own_amax:  # current
         return "" if recipe == "tensorwise" else f"per-tensor {want} -> {got}"
-    if kind == "delayed":
+    if kind.from_history:  # delayed
         return f"{want} -> dynamic {got} (torchao has no delayed scaling)"
-    tiles = "128x128 blocks" if op == "weight" else f"1x{spec.recipe.block_size} tiles"
-    return f"{want} ({tiles}) -> {got}"
+    if kind.tiled:  # block
+        tiles = "128x128 blocks" if op == "weight" else f"1x{spec.recipe.block_size} tiles"
+        return f"{want} ({tiles}) -> {got}"
+    raise TorchaoPolicyError(f"{want} scaling has no torchao mapping; fix: precision.backend=emulated")
 
 
 # -- the frozen-base module --------------------------------------------------------------------
