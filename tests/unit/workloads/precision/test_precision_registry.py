@@ -116,3 +116,42 @@ def test_schema_reads_the_registry_and_selection_loads_only_the_chosen_backend()
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_torchao_frozen_module_pickles_by_its_module_level_name():
+    """The frozen-base class and its autograd Function are module level (no factory), so
+    torch.save / pickle find them by name."""
+    import io
+    import pickle
+
+    float8 = pytest.importorskip("torchao.float8")
+    from workloads.precision.backends import torchao_backend, torchao_frozen
+
+    cls = torchao_backend.frozen_base_float8_linear_cls()
+    assert cls is torchao_frozen.FrozenBaseFloat8Linear
+    assert cls.__module__ == torchao_frozen.__name__ and cls.__qualname__ == cls.__name__
+    lin = nn.Linear(32, 16, bias=False).to(torch.bfloat16).requires_grad_(False)
+    config = torchao_backend.map_policy("fp8_naive").float8_config(emulate=True)
+    mod = cls.from_float8_linear(
+        float8.convert_to_float8_training(lin, config=config),
+        name="lin", plain=frozenset(), telemetry=None,
+    )  # fmt: skip
+    buf = io.BytesIO()
+    pickle.dump(mod, buf)
+    again = pickle.loads(buf.getvalue())
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    assert type(again) is cls and torch.equal(again(x), mod(x))
+
+
+def test_torchao_modules_are_imported_inside_functions_only():
+    """torchao_backend (the policy mapping, used by preflight) imports neither torchao nor the
+    frozen module at module level; only torchao_frozen does, and it is loaded on conversion."""
+    import ast
+    from pathlib import Path
+
+    import workloads.precision.backends as pkg
+
+    source = Path(pkg.__file__).with_name("torchao_backend.py").read_text()
+    top = [n for n in ast.parse(source).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = [a.name for n in top for a in n.names] + [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
+    assert not [n for n in names if n.startswith("torchao") or n.endswith("torchao_frozen")]
