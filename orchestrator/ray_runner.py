@@ -11,29 +11,18 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlparse
 
 import ray
 from ray.exceptions import RayError
 
+from fp8lab_conf.contracts import TrialLaunch
 from orchestrator.errors import UserInputError
 
 PIN_AMOUNT = 0.001  # a pin asks for a sliver of the node's custom resource: it places, never limits
 _FILE_SCHEMES = ("", "file", "sqlite")
 _BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
-
-
-@dataclass(frozen=True)
-class TrialLaunch:
-    """Everything a worker needs for one trial (plain data only)."""
-
-    config: dict[str, Any]
-    trial_id: str
-    run_id: str
-    tracking_uri: str
-    policy_label: str
 
 
 def init_ray(cluster: dict[str, Any]) -> None:
@@ -171,7 +160,7 @@ def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
         board.update.remote(launch.trial_id, {"step": step, "loss": metrics.get("train/loss"),
                                               "tokens_per_s": metrics.get("train/tokens_per_s_window")})
 
-    result = run(launch.config, launch.trial_id, launch.run_id, launch.tracking_uri, launch.policy_label, progress)
+    result = run(launch, progress)
     result["task_wall_s"] = time.time() - started  # the slot was busy this long (imports included)
     result["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
     result["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")

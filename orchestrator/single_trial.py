@@ -15,6 +15,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from fp8lab_conf.contracts import TrialLaunch
 from orchestrator import tracking
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec, policy_label
@@ -45,7 +46,7 @@ def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, 
     print(f"trial {spec.run_name} ({spec.trial_id}) -> MLflow run {run_id} in {uri}", file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` is handled like Ctrl-C
     try:
-        result = run(config, spec.trial_id, run_id, uri, policy_label(config), _printer(config["train"]["steps"]))
+        result = run(TrialLaunch(config, spec.trial_id, run_id, uri, policy_label(config)), _printer(config["train"]["steps"]))
     except KeyboardInterrupt:
         # KILLED even if the trial, unwinding, already closed its run as FINISHED: an interrupted
         # trial is not a result (a sweep would otherwise skip it as done).

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from fp8lab_conf.contracts import TAG_POLICY, TAG_STATUS
 from orchestrator.params import sweep_params
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def log_policy_summary(client: MlflowClient, parent_run_id: str, results: dict[s
             run = client.get_run(run_id)
         except Exception:  # noqa: BLE001 - a deleted run simply does not count
             continue
-        rows.append((run.data.tags.get("fp8lab.policy", ""), run.data.tags.get("fp8lab.status", ""), run.data.metrics))
+        rows.append((run.data.tags.get(TAG_POLICY, ""), run.data.tags.get(TAG_STATUS, ""), run.data.metrics))
     means = policy_means(rows)
     if means:
         try:

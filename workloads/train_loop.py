@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterable
 import torch
 from transformers import get_scheduler
 
+from fp8lab_conf.contracts import TAG_RESUMED_FROM_STEP
+
 ProgressFn = Callable[[int, dict[str, float]], None]
 # Tokens/s since the previous logged step. The whole-run mean is logged once at the end as
 # `train/tokens_per_s` (its own name, so each metric has one value per step).
@@ -134,7 +136,7 @@ def _resume(checkpointer: Any, model: Any, optimizer: Any, scheduler: Any, handl
     if resumed is None:
         return TrainResult(), 0
     step, partial = resumed
-    logger.set_tags({"fp8lab.resumed_from_step": step})
+    logger.set_tags({TAG_RESUMED_FROM_STEP: step})
     return TrainResult(**partial), step
 
 
