@@ -55,6 +55,36 @@ def check_store(uri: str, timeout_s: float = 5.0) -> None:
         raise UserInputError(f"tracking.uri: unsupported scheme '{parsed.scheme}' (fix: sqlite:///mlflow.db or http://host:port)")
 
 
+_FILE_SCHEMES = ("", "file", "sqlite")  # a store or artifact root on the driver's own disk
+
+
+def check_store_for_cluster(nodes: int, cluster: dict[str, Any], tracking_uri: str, artifact_location: str | None) -> None:
+    """Trials on other nodes cannot write a file on the driver's disk: refuse a file store (SQLite,
+    ./mlruns) or a local artifact folder when the cluster has several `nodes` or is reached through
+    Ray Client. An autoscaling cluster that has only its head node now is not caught: use a server.
+    The caller counts the nodes (the Ray module), so these rules stay free of Ray."""
+    remote_client = str(cluster.get("address") or "").startswith("ray://")
+    if nodes <= 1 and not remote_client:
+        return
+    where = f"{nodes} nodes" if nodes > 1 else "Ray Client (the driver is not on the cluster)"
+    if urlparse(tracking_uri).scheme in _FILE_SCHEMES:
+        raise UserInputError(f"tracking.uri: {tracking_uri} is a file on this machine, but the Ray cluster has {where} and "
+                             "trials on other nodes cannot write it (fix: run an MLflow server, see infra/mlflow, and set "
+                             "tracking.uri=http://HOST:5000)")
+    if artifact_location and urlparse(artifact_location).scheme in _FILE_SCHEMES:
+        raise UserInputError(f"tracking.artifact_location: {artifact_location} is a local folder, but the Ray cluster has "
+                             f"{where}: each trial would write artifacts to its own node's disk (fix: leave it null so the "
+                             "MLflow server's proxied artifact store is used, or give an s3:// URI)")
+
+
+def check_artifact_root(nodes: int, artifact_uri: str, experiment: str) -> None:
+    """An experiment whose artifact root is a local path makes each trial write to its own node's disk."""
+    if nodes > 1 and urlparse(artifact_uri).scheme in _FILE_SCHEMES:
+        raise UserInputError(f"tracking: experiment '{experiment}' stores artifacts in {artifact_uri}, a local folder, but the "
+                             "Ray cluster has several nodes (fix: start the MLflow server with --serve-artifacts and "
+                             "--artifacts-destination s3://..., then use a new sweep.name)")
+
+
 def absolute_uri(uri: str) -> str:
     """Trials run in other processes (and maybe other folders): make sqlite paths absolute."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
