@@ -24,6 +24,7 @@ import pandas as pd
 
 from analysis.options import ReportOptions
 from fp8lab_conf.contracts import (
+    METRIC_ACCURACY_STDERR, METRIC_FINAL_LOSS, METRIC_LORA_WEIGHT_STD, METRIC_LORA_WEIGHT_STD_MIN, METRIC_UNDERFLOW_EVENTS,
     TAG_ABLATION, TAG_AXIS_PREFIX, TAG_BACKEND, TAG_DEVIATIONS, TAG_DEVICE, TAG_DIVERGED_STEP, TAG_EMULATED, TAG_LADDER,
     TAG_LADDER_BASE, TAG_MECHANISM, TAG_MECHANISM_DESC, TAG_POLICY, TAG_REASON, TAG_SEED, TAG_STATUS, TAG_SWEEP_ID,
     TAG_TRIAL_ID,
@@ -45,12 +46,12 @@ METRIC_COLUMNS = {
     "peak_bytes": "memory_metric",
 }
 FIXED_METRICS = {
-    "accuracy_stderr": "eval/accuracy_stderr",
-    "final_loss": "train/final_loss",
-    "underflow_events": "underflow/events",
+    "accuracy_stderr": METRIC_ACCURACY_STDERR,
+    "final_loss": METRIC_FINAL_LOSS,
+    "underflow_events": METRIC_UNDERFLOW_EVENTS,
     "wall_s": "train/wall_s",
-    "lora_std_min": "train/lora_weight_std_min",
-    "lora_std": "train/lora_weight_std",
+    "lora_std_min": METRIC_LORA_WEIGHT_STD_MIN,
+    "lora_std": METRIC_LORA_WEIGHT_STD,
     "eval_n": "eval/n",
 }
 # Tags of docs/contracts.md read here -> tidy column.

@@ -68,11 +68,15 @@ TAG_EXPORT_FORMAT = "fp8lab.export_format"
 # --- metrics ----------------------------------------------------------------------------------
 METRIC_ACCURACY = "eval/accuracy"
 METRIC_ACCURACY_STDERR = "eval/accuracy_stderr"
-METRIC_TOKENS_PER_S = "train/tokens_per_s"
+METRIC_TOKENS_PER_S = "train/tokens_per_s"  # whole-run mean, logged once at the end
+METRIC_FINAL_LOSS = "train/final_loss"
+METRIC_PEAK_BYTES = "memory/peak_bytes"
+METRIC_UNDERFLOW_EVENTS = "underflow/events"
 METRIC_TOKENS_PER_S_WINDOW = "train/tokens_per_s_window"
 METRIC_LOSS = "train/loss"
 METRIC_GRAD_NORM = "train/grad_norm"
 METRIC_LORA_WEIGHT_STD = "train/lora_weight_std"
+METRIC_LORA_WEIGHT_STD_MIN = "train/lora_weight_std_min"
 METRIC_LR = "train/lr"
 METRIC_LOSS_SCALE = "fp8/loss_scale"
 

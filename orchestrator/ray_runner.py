@@ -16,7 +16,7 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayError
 
-from fp8lab_conf.contracts import TrialLaunch
+from fp8lab_conf.contracts import METRIC_LOSS, METRIC_TOKENS_PER_S_WINDOW, TrialLaunch
 from orchestrator.errors import UserInputError
 
 PIN_AMOUNT = 0.001  # a pin asks for a sliver of the node's custom resource: it places, never limits
@@ -135,8 +135,8 @@ def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
     board.update.remote(launch.trial_id, {"state": "RUNNING", "step": 0})
 
     def progress(step: int, metrics: dict[str, float]) -> None:
-        board.update.remote(launch.trial_id, {"step": step, "loss": metrics.get("train/loss"),
-                                              "tokens_per_s": metrics.get("train/tokens_per_s_window")})
+        board.update.remote(launch.trial_id, {"step": step, "loss": metrics.get(METRIC_LOSS),
+                                              "tokens_per_s": metrics.get(METRIC_TOKENS_PER_S_WINDOW)})
 
     result = run(launch, progress)
     result["task_wall_s"] = time.time() - started  # the slot was busy this long (imports included)

@@ -15,7 +15,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from fp8lab_conf.contracts import TrialLaunch
+from fp8lab_conf.contracts import METRIC_ACCURACY, METRIC_ACCURACY_STDERR, METRIC_TOKENS_PER_S, TrialLaunch
 from orchestrator import tracking
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec, policy_label
@@ -73,12 +73,12 @@ def _printer(total: int):
 
 def _print_result(result: dict[str, Any]) -> None:
     metrics = result.get("metrics", {})
-    acc = metrics.get("eval/accuracy")
+    acc = metrics.get(METRIC_ACCURACY)
     line = f"{result['status']}: {result['policy']} seed {result['seed']}"
     if acc is not None:
-        line += f"  accuracy {acc:.3f} ± {metrics.get('eval/accuracy_stderr', float('nan')):.3f}"
-    if "train/tokens_per_s" in metrics:
-        line += f"  {metrics['train/tokens_per_s']:.0f} tokens/s"
+        line += f"  accuracy {acc:.3f} ± {metrics.get(METRIC_ACCURACY_STDERR, float('nan')):.3f}"
+    if METRIC_TOKENS_PER_S in metrics:
+        line += f"  {metrics[METRIC_TOKENS_PER_S]:.0f} tokens/s"
     if result.get("reason"):
         line += f"  ({result['reason']})"
     print(line)

@@ -16,14 +16,16 @@ from typing import Any, Iterable
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from fp8lab_conf.contracts import TAG_POLICY, TAG_STATUS
+from fp8lab_conf.contracts import (
+    METRIC_ACCURACY, METRIC_FINAL_LOSS, METRIC_PEAK_BYTES, METRIC_TOKENS_PER_S, TAG_POLICY, TAG_STATUS,
+)
 from orchestrator.params import sweep_params
 
 log = logging.getLogger(__name__)
 
 # result metric -> short name in the summary
-SUMMARY_METRICS = {"eval/accuracy": "accuracy", "train/tokens_per_s": "tokens_per_s",
-                   "memory/peak_bytes": "peak_bytes", "train/final_loss": "final_loss"}
+SUMMARY_METRICS = {METRIC_ACCURACY: "accuracy", METRIC_TOKENS_PER_S: "tokens_per_s",
+                   METRIC_PEAK_BYTES: "peak_bytes", METRIC_FINAL_LOSS: "final_loss"}
 _NOT_ALLOWED = re.compile(r"[^A-Za-z0-9_\-. /]")
 
 
