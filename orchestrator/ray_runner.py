@@ -71,9 +71,9 @@ def check_resources(cluster: dict[str, Any]) -> None:
     if cluster["gpus_per_trial"] > total.get("GPU", 0):
         raise UserInputError(f"cluster.gpus_per_trial: {cluster['gpus_per_trial']} GPU(s) per trial requested but the "
                              f"Ray cluster has {total.get('GPU', 0):g} (fix: cluster.gpus_per_trial=0 to run on CPU)")
-    cpus = cpu_shortage(cluster, total.get("CPU", 0), local=False)
-    if cpus:
-        raise UserInputError(cpus)
+    shortage = cpu_shortage(cluster, total.get("CPU", 0), local=False)
+    if shortage:
+        raise UserInputError(shortage)
     wanted = {**{name: PIN_AMOUNT for name in cluster.get("pin_trials") or []}, **(cluster.get("trial_resources") or {})}
     short = [name for name, amount in wanted.items() if total.get(name, 0) < amount]
     if short:
@@ -100,7 +100,8 @@ def check_local_resources(cluster: dict[str, Any]) -> None:
     if cluster["address"]:
         return
     cpus = cluster["num_cpus"] if cluster["num_cpus"] is not None else (os.cpu_count() or 1)
-    problems = [p for p in [cpu_shortage(cluster, cpus, local=True)] if p]
+    shortage = cpu_shortage(cluster, cpus, local=True)
+    problems = [shortage] if shortage else []
     custom = [*(cluster.get("trial_resources") or {}), *(cluster.get("pin_trials") or [])]
     if custom:
         problems.append(f"cluster.trial_resources/pin_trials: {', '.join(custom)} only exist on a Ray cluster started with "
