@@ -16,6 +16,7 @@ from pathlib import Path
 
 from analysis.errors import ReportError
 from analysis.options import ReportOptions
+from fp8lab_conf.contracts import TAG_SWEEP_ID
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--experiment", default=None, help="experiment name (default: the latest sweep's)")
     scope = p.add_mutually_exclusive_group()
-    scope.add_argument("--sweep", dest="sweep_id", default=None, help="sweep id (tag fp8lab.sweep_id)")
+    scope.add_argument("--sweep", dest="sweep_id", default=None, help=f"sweep id (tag {TAG_SWEEP_ID})")
     scope.add_argument(
         "--all",
         dest="all_runs",

@@ -19,6 +19,7 @@ from analysis.options import ReportOptions
 from analysis.render import Bullets, Document, Heading, Image, Para, Table
 from analysis.summary import EMULATED_NOTE, ablation_lines, acc_text, verdict_lines
 from analysis.tidy import axis_columns
+from fp8lab_conf.contracts import TAG_TRIAL_ID
 
 
 @dataclass(frozen=True)
@@ -424,7 +425,7 @@ def problem_blocks(inp: ReportInputs) -> list[Block]:
     if len(sup):
         blocks.append(
             Para(
-                f"{len(sup)} retried run(s) superseded (same `fp8lab.trial_id` as a kept run; the FINISHED "
+                f"{len(sup)} retried run(s) superseded (same `{TAG_TRIAL_ID}` as a kept run; the FINISHED "
                 "run is preferred, then the latest):"
             )
         )

@@ -13,8 +13,10 @@ from typing import Any
 
 import pandas as pd
 
+from fp8lab_conf.contracts import TAG_BACKEND, TAG_DEVICE, TAG_EMULATED, TAG_GIT_COMMIT
+
 _VERSION_COL = re.compile(r"^(?:tags|params)\.(?:fp8lab\.)?versions?\.(.+)$")
-_COMMIT_COLS = ("tags.mlflow.source.git.commit", "tags.fp8lab.git_commit", "params.fp8lab.git_commit")
+_COMMIT_COLS = ("tags.mlflow.source.git.commit", f"tags.{TAG_GIT_COMMIT}", f"params.{TAG_GIT_COMMIT}")
 
 
 def _distinct(raw: pd.DataFrame, col: str) -> list[str]:
@@ -40,9 +42,9 @@ def environment_items(
     def add(label: str, values: list[str]) -> None:
         items.append((label, ", ".join(values) if values else "not recorded"))
 
-    add("device", _distinct(raw, "tags.fp8lab.device"))
-    add("backend", _distinct(raw, "tags.fp8lab.backend"))
-    emu = _distinct(raw, "tags.fp8lab.emulated")
+    add("device", _distinct(raw, f"tags.{TAG_DEVICE}"))
+    add("backend", _distinct(raw, f"tags.{TAG_BACKEND}"))
+    emu = _distinct(raw, f"tags.{TAG_EMULATED}")
     emulated = [v for v in emu if v.lower() in ("true", "1", "yes")]
     items.append(
         (

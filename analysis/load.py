@@ -28,29 +28,18 @@ from urllib.request import url2pathname
 import pandas as pd
 
 from analysis.errors import ReportError, did_you_mean
+from fp8lab_conf import contracts
+from fp8lab_conf.contracts import (
+    ROLE_SWEEP, ROLE_TRIAL, SAMPLES_DIR, TAG_POLICY, TAG_ROLE, TAG_SWEEP_ID, TAG_TRIAL_ID, TELEMETRY_PATH,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-ROLE_TAG = "fp8lab.role"
-SWEEP_TAG = "fp8lab.sweep_id"
-TELEMETRY_PATH = "telemetry/telemetry.parquet"
-TELEMETRY_COLUMNS = (
-    "step",
-    "layer",
-    "kind",
-    "underflow_pct",
-    "overflow_pct",
-    "amax",
-    "scale_inv_min",
-    "scale_inv_max",
-    "mse",
-    "nonfinite",
-    "numel",
-)
-SAMPLES_DIR = "eval/samples"
+# The report reads the per-layer cast statistics; `value` (per-parameter LoRA rows) is not used.
+TELEMETRY_COLUMNS = tuple(c for c in contracts.TELEMETRY_COLUMNS if c != "value")
 SAMPLE_COLUMNS = ("run_id", "task", "doc_id", "metric", "value")
 ENV_JSON = "env.json"
 SWEEP_TRIALS_JSON = "sweep/trials.json"
@@ -179,11 +168,11 @@ def resolve_sweep(tracking_uri: str, experiment: str | None, sweep_id: str | Non
         )
     scope_ids = [e.experiment_id for e in scope]
     names = {e.experiment_id: e.name for e in exps}
-    role = f"tags.`{ROLE_TAG}` = 'sweep'"
+    role = f"tags.`{TAG_ROLE}` = '{ROLE_SWEEP}'"
     if sweep_id:
         _check_id(sweep_id)
         parents = _search(
-            client, scope_ids, f"{role} and tags.`{SWEEP_TAG}` = '{sweep_id}'", ["attributes.start_time DESC"], limit=1
+            client, scope_ids, f"{role} and tags.`{TAG_SWEEP_ID}` = '{sweep_id}'", ["attributes.start_time DESC"], limit=1
         )
         if parents:
             p = parents[0]
@@ -195,13 +184,13 @@ def resolve_sweep(tracking_uri: str, experiment: str | None, sweep_id: str | Non
                 False,
                 p.info.start_time,
             )
-        children = _search(client, scope_ids, f"tags.`{SWEEP_TAG}` = '{sweep_id}'", limit=1)
+        children = _search(client, scope_ids, f"tags.`{TAG_SWEEP_ID}` = '{sweep_id}'", limit=1)
         if children:
             c = children[0]
             log.warning("sweep %s has no parent run; the report will not be logged to MLflow", sweep_id)
             return SweepRef(c.info.experiment_id, names.get(c.info.experiment_id, ""), (sweep_id,), None, False)
         known = [
-            r.data.tags.get(SWEEP_TAG, "")
+            r.data.tags.get(TAG_SWEEP_ID, "")
             for r in _search(client, scope_ids, role, ["attributes.start_time DESC"], limit=50)
         ]
         raise ReportError(
@@ -212,24 +201,24 @@ def resolve_sweep(tracking_uri: str, experiment: str | None, sweep_id: str | Non
     if all_runs:
         if experiment is None and not latest:
             raise ReportError(
-                f"no sweeps (runs tagged {ROLE_TAG}=sweep) in {shown_uri}; pass --experiment to report "
+                f"no sweeps (runs tagged {TAG_ROLE}=sweep) in {shown_uri}; pass --experiment to report "
                 "its trial runs, or run `fp8lab sweep` first"
             )
         exp_id = scope_ids[0] if experiment is not None else latest[0].info.experiment_id
         sweeps = _search(client, [exp_id], role)
-        ids = tuple(sorted({r.data.tags.get(SWEEP_TAG, "") for r in sweeps} - {""}))
+        ids = tuple(sorted({r.data.tags.get(TAG_SWEEP_ID, "") for r in sweeps} - {""}))
         return SweepRef(exp_id, names.get(exp_id, ""), ids, None, True)
     if not latest:
         where = f"experiment {experiment!r}" if experiment else shown_uri
         raise ReportError(
-            f"no sweeps (runs tagged {ROLE_TAG}=sweep) in {where}; run `fp8lab sweep` first, "
+            f"no sweeps (runs tagged {TAG_ROLE}=sweep) in {where}; run `fp8lab sweep` first, "
             "or pass tracking.uri=<store> (--tracking-uri with python -m analysis) / --experiment pointing at the store "
             "that has them"
         )
     p = latest[0]
-    sid = p.data.tags.get(SWEEP_TAG, "")
+    sid = p.data.tags.get(TAG_SWEEP_ID, "")
     if not sid:
-        raise ReportError(f"latest sweep run {p.info.run_id} has no {SWEEP_TAG} tag; pass --sweep or --all")
+        raise ReportError(f"latest sweep run {p.info.run_id} has no {TAG_SWEEP_ID} tag; pass --sweep or --all")
     return SweepRef(
         p.info.experiment_id, names.get(p.info.experiment_id, ""), (sid,), p.info.run_id, False, p.info.start_time
     )
@@ -254,7 +243,7 @@ def _run_row(run: Any) -> dict[str, Any]:
 
 def _is_trial(run: Any) -> bool:
     tags = run.data.tags
-    return tags.get(ROLE_TAG) != "sweep" and (tags.get(ROLE_TAG) == "trial" or "fp8lab.policy" in tags)
+    return tags.get(TAG_ROLE) != ROLE_SWEEP and (tags.get(TAG_ROLE) == ROLE_TRIAL or TAG_POLICY in tags)
 
 
 def fetch_runs(tracking_uri: str, ref: SweepRef, parent_artifact_uri: str | None = None) -> pd.DataFrame:
@@ -268,15 +257,15 @@ def fetch_runs(tracking_uri: str, ref: SweepRef, parent_artifact_uri: str | None
     if ref.all_runs:
         runs = _search(client, [ref.experiment_id])
     else:
-        runs = _search(client, [ref.experiment_id], f"tags.`{SWEEP_TAG}` = '{ref.sweep_ids[0]}'")
+        runs = _search(client, [ref.experiment_id], f"tags.`{TAG_SWEEP_ID}` = '{ref.sweep_ids[0]}'")
     runs = [r for r in runs if _is_trial(r)]
     reused: list[Any] = []
     if not ref.all_runs and parent_artifact_uri:
-        have = {r.data.tags.get("fp8lab.trial_id", "") for r in runs}
+        have = {r.data.tags.get(TAG_TRIAL_ID, "") for r in runs}
         wanted = {t for t in sweep_trial_ids(tracking_uri, parent_artifact_uri) if t not in have}
         if wanted:  # MLflow's search has no IN for tags: one scan of the experiment's trial runs
-            found = _search(client, [ref.experiment_id], f"tags.`{ROLE_TAG}` = 'trial'")
-            reused = [r for r in found if r.data.tags.get("fp8lab.trial_id") in wanted and _is_trial(r)]
+            found = _search(client, [ref.experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'")
+            reused = [r for r in found if r.data.tags.get(TAG_TRIAL_ID) in wanted and _is_trial(r)]
     rows = [_run_row(r) | {"reused": False} for r in runs] + [_run_row(r) | {"reused": True} for r in reused]
     if not rows:
         return pd.DataFrame(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis.errors import ReportError, did_you_mean
+from fp8lab_conf.contracts import METRIC_ACCURACY, METRIC_LOSS, METRIC_PEAK_BYTES, METRIC_TOKENS_PER_S
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,12 @@ class ReportOptions:
     """Below this many seeds: per-seed values instead of t-intervals, and a low-evidence note."""
     quality_loss_rule_pts: float = 5.0
     """Source article's rule: if quality drops by more than this many points, go back to BF16."""
-    accuracy_metric: str = "eval/accuracy"
-    throughput_metric: str = "train/tokens_per_s"
-    memory_metric: str = "memory/peak_bytes"
-    loss_metric: str = "train/loss"
+    accuracy_metric: str = METRIC_ACCURACY
+    throughput_metric: str = METRIC_TOKENS_PER_S
+    memory_metric: str = METRIC_PEAK_BYTES
+    loss_metric: str = METRIC_LOSS
     """Metric whose history is plotted as loss curves (one history call per counted run)."""
-    final_from_history: tuple[str, ...] = ("train/tokens_per_s",)
+    final_from_history: tuple[str, ...] = (METRIC_TOKENS_PER_S,)
     """Metrics logged per step *and* once at the end under the same key: their final value is the
     last one written (fetched from the history, one more call per run), not MLflow's 'latest',
     which is the highest step. See `analysis.tidy.last_written`."""

@@ -23,12 +23,18 @@ import numpy as np
 import pandas as pd
 
 from analysis.options import ReportOptions
+from fp8lab_conf.contracts import (
+    METRIC_ACCURACY_STDERR, METRIC_FINAL_LOSS, METRIC_LORA_WEIGHT_STD, METRIC_LORA_WEIGHT_STD_MIN, METRIC_UNDERFLOW_EVENTS,
+    TAG_ABLATION, TAG_AXIS_PREFIX, TAG_BACKEND, TAG_DEVIATIONS, TAG_DEVICE, TAG_DIVERGED_STEP, TAG_EMULATED, TAG_LADDER,
+    TAG_LADDER_BASE, TAG_MECHANISM, TAG_MECHANISM_DESC, TAG_POLICY, TAG_REASON, TAG_SEED, TAG_STATUS, TAG_SWEEP_ID,
+    TAG_TRIAL_ID,
+)
 
 STATUSES = ("FINISHED", "DIVERGED", "FAILED", "INCOMPLETE")
 COUNTED = ("FINISHED", "DIVERGED")
 _STATUS_RANK = {s: i for i, s in enumerate(STATUSES)}
 _INCOMPLETE_MLFLOW = {"RUNNING", "SCHEDULED", "KILLED"}
-AXIS_TAG_PREFIX = "tags.fp8lab.axis."
+AXIS_TAG_PREFIX = f"tags.{TAG_AXIS_PREFIX}"
 AXIS_PREFIX = "axis."
 # MLflow stores +-inf as +-float max; anything this large is treated as non-finite.
 _HUGE = 1e300
@@ -40,21 +46,21 @@ METRIC_COLUMNS = {
     "peak_bytes": "memory_metric",
 }
 FIXED_METRICS = {
-    "accuracy_stderr": "eval/accuracy_stderr",
-    "final_loss": "train/final_loss",
-    "underflow_events": "underflow/events",
+    "accuracy_stderr": METRIC_ACCURACY_STDERR,
+    "final_loss": METRIC_FINAL_LOSS,
+    "underflow_events": METRIC_UNDERFLOW_EVENTS,
     "wall_s": "train/wall_s",
-    "lora_std_min": "train/lora_weight_std_min",
-    "lora_std": "train/lora_weight_std",
+    "lora_std_min": METRIC_LORA_WEIGHT_STD_MIN,
+    "lora_std": METRIC_LORA_WEIGHT_STD,
     "eval_n": "eval/n",
 }
 # Tags of docs/contracts.md read here -> tidy column.
 TAG_COLUMNS = {
-    "deviations": "fp8lab.deviations",
-    "ladder": "fp8lab.ladder",
-    "ladder_base": "fp8lab.ladder_base",
-    "mechanism": "fp8lab.mechanism",
-    "mechanism_desc": "fp8lab.mechanism_desc",
+    "deviations": TAG_DEVIATIONS,
+    "ladder": TAG_LADDER,
+    "ladder_base": TAG_LADDER_BASE,
+    "mechanism": TAG_MECHANISM,
+    "mechanism_desc": TAG_MECHANISM_DESC,
 }
 TELEMETRY_KINDS = ("activation", "weight", "dgrad", "wgrad", "lora_weight")
 TEL_PREFIX = "tel."
@@ -124,29 +130,29 @@ def tidy_runs(raw: pd.DataFrame, options: ReportOptions | None = None) -> pd.Dat
     out["run_name"] = _str_col(raw, "run_name")
     out["mlflow_status"] = _str_col(raw, "mlflow_status", "UNKNOWN").str.upper()
     out["start_time"] = _num_col(raw, "start_time")
-    out["sweep_id"] = _str_col(raw, "tags.fp8lab.sweep_id")
-    trial = _str_col(raw, "tags.fp8lab.trial_id")
+    out["sweep_id"] = _str_col(raw, f"tags.{TAG_SWEEP_ID}")
+    trial = _str_col(raw, f"tags.{TAG_TRIAL_ID}")
     out["trial_id"] = trial.where(trial != "", out["run_id"])
-    out["policy"] = _str_col(raw, "tags.fp8lab.policy")
+    out["policy"] = _str_col(raw, f"tags.{TAG_POLICY}")
     fallback = _str_col(raw, "params.precision.policy")
     out["policy"] = out["policy"].where(out["policy"] != "", fallback).replace("", "unknown")
-    out["seed"] = _num_col(raw, "tags.fp8lab.seed")
-    out["ablation"] = _str_col(raw, "tags.fp8lab.ablation")
+    out["seed"] = _num_col(raw, f"tags.{TAG_SEED}")
+    out["ablation"] = _str_col(raw, f"tags.{TAG_ABLATION}")
     out["status"] = [
-        classify_status(m, t) for m, t in zip(out["mlflow_status"], _str_col(raw, "tags.fp8lab.status"), strict=True)
+        classify_status(m, t) for m, t in zip(out["mlflow_status"], _str_col(raw, f"tags.{TAG_STATUS}"), strict=True)
     ]
     out["counted"] = out["status"].isin(COUNTED)
-    out["reason"] = _str_col(raw, "tags.fp8lab.reason")
-    tag_status = _str_col(raw, "tags.fp8lab.status").str.upper()
+    out["reason"] = _str_col(raw, f"tags.{TAG_REASON}")
+    tag_status = _str_col(raw, f"tags.{TAG_STATUS}").str.upper()
     overruled = (out["mlflow_status"] == "FAILED") & tag_status.isin(COUNTED)
     out.loc[overruled, "reason"] = [
         f"run marked FAILED in MLflow after the trial recorded {t}" + (f" ({r})" if r else "")
         for t, r in zip(tag_status[overruled], out.loc[overruled, "reason"], strict=True)
     ]
-    out["diverged_step"] = _num_col(raw, "tags.fp8lab.diverged_step")
-    out["backend"] = _str_col(raw, "tags.fp8lab.backend")
-    out["device"] = _str_col(raw, "tags.fp8lab.device")
-    out["emulated"] = _str_col(raw, "tags.fp8lab.emulated").str.lower().isin(("true", "1", "yes"))
+    out["diverged_step"] = _num_col(raw, f"tags.{TAG_DIVERGED_STEP}")
+    out["backend"] = _str_col(raw, f"tags.{TAG_BACKEND}")
+    out["device"] = _str_col(raw, f"tags.{TAG_DEVICE}")
+    out["emulated"] = _str_col(raw, f"tags.{TAG_EMULATED}").str.lower().isin(("true", "1", "yes"))
     out["reused"] = _col(raw, "reused").eq(True)
     for short, attr in METRIC_COLUMNS.items():
         out[short] = _num_col(raw, "metrics." + getattr(options, attr))

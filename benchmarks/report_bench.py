@@ -67,7 +67,7 @@ def item_scores(policy: str, seed: int, r: str, accuracy: float, n_items: int):
 def make_trials(n_runs: int, n_items: int = 0) -> list:
     """n_runs trials spread over policies x lora.r x seeds (deterministic values with seed noise);
     with n_items, each run also has per-item results (eval/samples) whose mean is its accuracy."""
-    from analysis.synthetic import SynthTrial
+    from tests.support.synthetic import SynthTrial
 
     cells = [(p, a, r) for r in ("8", "16") for p, a in POLICIES]
     out = []
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     from analysis import ReportOptions, generate_report
-    from analysis.synthetic import write_sweep
+    from tests.support.synthetic import write_sweep
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="fp8lab-report-bench-"))
     if (work / "mlflow.db").exists():

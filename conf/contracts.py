@@ -8,11 +8,18 @@ imports. docs/contracts.md explains each name; change both together.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 # --- tags on every run -----------------------------------------------------------------------
-TAG_ROLE = "fp8lab.role"  # parent sweep run or child trial run (values in orchestrator/tracking.py)
+TAG_ROLE = "fp8lab.role"  # ROLE_SWEEP (the parent run of a sweep) or ROLE_TRIAL (one child run per trial)
+ROLE_SWEEP = "sweep"
+ROLE_TRIAL = "trial"
 TAG_SWEEP_ID = "fp8lab.sweep_id"
 TAG_SWEEP_NAME = "fp8lab.sweep_name"
 TAG_VERSION = "fp8lab.version"
+TAG_VERSIONS_PREFIX = "fp8lab.versions."  # one tag per library a trial ran with: fp8lab.versions.<package>
+TAG_GIT_COMMIT = "fp8lab.git_commit"  # optional (set by a user or CI); the report shows it next to MLflow's own
 
 # --- trial identity and outcome ---------------------------------------------------------------
 TAG_TRIAL_ID = "fp8lab.trial_id"
@@ -25,6 +32,7 @@ TAG_STATUS = "fp8lab.status"  # FINISHED | DIVERGED | FAILED | KILLED
 TAG_REASON = "fp8lab.reason"
 TAG_DIVERGED_STEP = "fp8lab.diverged_step"
 TAG_RESUMED_FROM_STEP = "fp8lab.resumed_from_step"
+TAG_ADAPTER_ERROR = "fp8lab.adapter_error"  # why the adapter artifact could not be saved (the trial still counts)
 
 # --- where and how it ran ---------------------------------------------------------------------
 TAG_BACKEND = "fp8lab.backend"
@@ -52,16 +60,23 @@ TAG_DRIVER = "fp8lab.driver"  # who drives the sweep: "pid P on HOST since T"
 TAG_DRIVER_HEARTBEAT = "fp8lab.driver_heartbeat"  # epoch seconds of the driver's last sign of life
 TAG_DRIVER_LOST = "fp8lab.driver_lost"  # on runs closed because their driver died: who it was
 
+# --- model registry (fp8lab export --register) ------------------------------------------------
+TAG_EXPORT_FORMAT = "fp8lab.export_format"
+
 # --- health / early warning (filled in by the early-warning work) -----------------------------
 
 # --- metrics ----------------------------------------------------------------------------------
 METRIC_ACCURACY = "eval/accuracy"
 METRIC_ACCURACY_STDERR = "eval/accuracy_stderr"
-METRIC_TOKENS_PER_S = "train/tokens_per_s"
+METRIC_TOKENS_PER_S = "train/tokens_per_s"  # whole-run mean, logged once at the end
+METRIC_FINAL_LOSS = "train/final_loss"
+METRIC_PEAK_BYTES = "memory/peak_bytes"
+METRIC_UNDERFLOW_EVENTS = "underflow/events"
 METRIC_TOKENS_PER_S_WINDOW = "train/tokens_per_s_window"
 METRIC_LOSS = "train/loss"
 METRIC_GRAD_NORM = "train/grad_norm"
 METRIC_LORA_WEIGHT_STD = "train/lora_weight_std"
+METRIC_LORA_WEIGHT_STD_MIN = "train/lora_weight_std_min"
 METRIC_LR = "train/lr"
 METRIC_LOSS_SCALE = "fp8/loss_scale"
 
@@ -73,3 +88,18 @@ RESULT_JSON = "result.json"
 # Columns of the telemetry Parquet, in order. `value` holds the scalar of non-cast rows.
 TELEMETRY_COLUMNS = ("step", "layer", "kind", "underflow_pct", "overflow_pct", "amax",
                      "scale_inv_min", "scale_inv_max", "mse", "nonfinite", "numel", "value")
+
+
+@dataclass(frozen=True)
+class TrialLaunch:
+    """Everything one trial needs from its launcher (a Ray task or `fp8lab trial`), as plain data.
+
+    The orchestrator builds it (after creating the MLflow run), Ray ships it to the worker, and
+    `workloads.entry.run` hands it to the trial unchanged: one record, not three shapes of it.
+    """
+
+    config: dict[str, Any]  # the resolved config of this trial (plain containers)
+    trial_id: str
+    run_id: str  # the MLflow run the orchestrator created for this trial
+    tracking_uri: str
+    policy_label: str  # the run name's policy part (`fp8_protected`, `fp8_naive+lora_gemm=bf16`)

@@ -17,6 +17,9 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from fp8lab_conf.contracts import (
+    METRIC_ACCURACY, METRIC_TOKENS_PER_S, ROLE_TRIAL, TAG_POLICY, TAG_ROLE, TAG_SEED, TAG_STATUS, TAG_SWEEP_ID,
+)
 from orchestrator.errors import UserInputError
 
 REFERENCE_POLICY = "bf16"
@@ -37,7 +40,7 @@ def sweep_trial_runs(client: MlflowClient, sweep_id: str) -> list[Any]:
     runs: list[Any] = []
     page_token = None
     while experiments:
-        page = client.search_runs(experiments, f"tags.`fp8lab.sweep_id` = '{sweep_id}' and tags.`fp8lab.role` = 'trial'",
+        page = client.search_runs(experiments, f"tags.`{TAG_SWEEP_ID}` = '{sweep_id}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'",
                                   max_results=1000, page_token=page_token)
         runs += list(page)
         page_token = page.token
@@ -48,14 +51,14 @@ def sweep_trial_runs(client: MlflowClient, sweep_id: str) -> list[Any]:
 
 def choose_best(runs: list[Any], margin_pts: float = DEFAULT_MARGIN_PTS) -> BestChoice:
     """Apply the module's rule to trial runs (MLflow `Run`s)."""
-    finished = [r for r in runs if r.data.tags.get("fp8lab.status") == "FINISHED" and "eval/accuracy" in r.data.metrics]
+    finished = [r for r in runs if r.data.tags.get(TAG_STATUS) == "FINISHED" and METRIC_ACCURACY in r.data.metrics]
     if not finished:
         raise UserInputError("--best: the sweep has no FINISHED trial with an accuracy (fix: finish the sweep first)")
     by_policy: dict[str, list[Any]] = defaultdict(list)
     for run in finished:
-        by_policy[run.data.tags.get("fp8lab.policy", "?")].append(run)
-    acc = {p: _mean(rs, "eval/accuracy") for p, rs in by_policy.items()}
-    speed = {p: _mean(rs, "train/tokens_per_s") for p, rs in by_policy.items()}
+        by_policy[run.data.tags.get(TAG_POLICY, "?")].append(run)
+    acc = {p: _mean(rs, METRIC_ACCURACY) for p, rs in by_policy.items()}
+    speed = {p: _mean(rs, METRIC_TOKENS_PER_S) for p, rs in by_policy.items()}
     if REFERENCE_POLICY in acc:
         floor = acc[REFERENCE_POLICY] - margin_pts / 100.0
         equal = [p for p in acc if acc[p] >= floor or p == REFERENCE_POLICY]
@@ -66,7 +69,7 @@ def choose_best(runs: list[Any], margin_pts: float = DEFAULT_MARGIN_PTS) -> Best
     else:
         policy = max(acc, key=lambda p: (acc[p], speed[p]))
         reason = f"no bf16 arm: most accurate policy {policy} ({acc[policy]:.3f})"
-    run = max(by_policy[policy], key=lambda r: (r.data.metrics["eval/accuracy"], -int(r.data.tags.get("fp8lab.seed", 0))))
+    run = max(by_policy[policy], key=lambda r: (r.data.metrics[METRIC_ACCURACY], -int(r.data.tags.get(TAG_SEED, 0))))
     return BestChoice(run.info.run_id, run.data.tags.get("mlflow.runName", ""), policy, reason)
 
 

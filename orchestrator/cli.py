@@ -130,7 +130,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _print_cfg(config)
     from orchestrator.plan import plan_sweep
 
-    plan = plan_sweep(args.overrides, args.config_dir, args.force)
+    plan = plan_sweep(config, args.overrides, args.config_dir, args.force)
     from orchestrator import sweep as sweep_mod
     from orchestrator.progress import console
 

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from fp8lab_conf.contracts import TAG_EXPORT_FORMAT, TAG_POLICY, TAG_SEED, TAG_SWEEP_ID, TAG_TRIAL_ID
 from orchestrator.errors import UserInputError
 from workloads.export.run import FORMATS  # torch-free module: the names only
 
@@ -93,7 +94,7 @@ def register_export(client: Any, run_id: str, folder: Path, fmt: str, name: str)
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    tags = {key: run.data.tags.get(f"fp8lab.{key}", "") for key in ("sweep_id", "policy", "seed", "trial_id")}
+    tags = {key: run.data.tags.get(key, "") for key in (TAG_SWEEP_ID, TAG_POLICY, TAG_SEED, TAG_TRIAL_ID)}
     version = client.create_model_version(name, f"{run.info.artifact_uri}/{artifact_dir}", run_id=run_id,
-                                          tags={**{f"fp8lab.{k}": v for k, v in tags.items()}, "fp8lab.export_format": fmt})
+                                          tags={**tags, TAG_EXPORT_FORMAT: fmt})
     return str(version.version)

@@ -30,11 +30,9 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
 
+from fp8lab_conf.contracts import TAG_DRIVER, TAG_DRIVER_HEARTBEAT
 from orchestrator.errors import UserInputError
 
-DRIVER_TAG = "fp8lab.driver"  # who drives the sweep: "pid P on HOST since T"
-HEARTBEAT_TAG = "fp8lab.driver_heartbeat"  # epoch seconds of the driver's last sign of life
-DRIVER_LOST_TAG = "fp8lab.driver_lost"  # on runs closed because their driver died: who it was
 DRIVER_LOST = "driver lost"  # the `fp8lab.reason` of those runs
 HEARTBEAT_S = 15.0
 LEASE_TIMEOUT_S = 90.0  # a few missed heartbeats: a busy store is not a dead driver
@@ -137,18 +135,18 @@ class SweepLease:
         """Server stores: refuse when the parent run's heartbeat is fresh and not ours."""
         if local_store_path(self.uri) is not None:
             return
-        if heartbeat_fresh(tags) and tags.get(DRIVER_TAG) != self.holder.describe():
-            raise SweepBusy(self.sweep_id, f"{tags.get(DRIVER_TAG)} (heartbeat {heartbeat_age(tags):.0f}s ago)")
+        if heartbeat_fresh(tags) and tags.get(TAG_DRIVER) != self.holder.describe():
+            raise SweepBusy(self.sweep_id, f"{tags.get(TAG_DRIVER)} (heartbeat {heartbeat_age(tags):.0f}s ago)")
 
     def start_heartbeat(self, client: Any, parent_run_id: str) -> None:
         """Tag the parent with its driver and keep its heartbeat fresh from a daemon thread."""
-        client.set_tag(parent_run_id, DRIVER_TAG, self.holder.describe())
-        client.set_tag(parent_run_id, HEARTBEAT_TAG, f"{time.time():.0f}")
+        client.set_tag(parent_run_id, TAG_DRIVER, self.holder.describe())
+        client.set_tag(parent_run_id, TAG_DRIVER_HEARTBEAT, f"{time.time():.0f}")
 
         def beat() -> None:
             while not self._stop.wait(HEARTBEAT_S):
                 with contextlib.suppress(Exception):  # a store hiccup is not fatal; the lease only ages
-                    client.set_tag(parent_run_id, HEARTBEAT_TAG, f"{time.time():.0f}")
+                    client.set_tag(parent_run_id, TAG_DRIVER_HEARTBEAT, f"{time.time():.0f}")
 
         self._beat = threading.Thread(target=beat, name="fp8lab-heartbeat", daemon=True)
         self._beat.start()
@@ -178,7 +176,7 @@ def _describe_holder(text: str) -> str:
 
 def heartbeat_age(tags: dict[str, str]) -> float:
     try:
-        return time.time() - float(tags.get(HEARTBEAT_TAG, ""))
+        return time.time() - float(tags.get(TAG_DRIVER_HEARTBEAT, ""))
     except ValueError:
         return float("inf")
 

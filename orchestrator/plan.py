@@ -1,5 +1,8 @@
 """Plan a sweep: expand, validate and check every cell against the world, writing nothing.
 
+The sweep's base config arrives composed and validated (the CLI does that once, before any slow
+import, so a config mistake is reported at once); planning composes only the cells.
+
 Kept apart from `orchestrator.sweep` (which runs the plan) so that planning starts the slow
 preflight child process (it imports torch) *before* this process imports MLflow and Ray: the
 two imports overlap and a sweep reaches its first training step seconds sooner.
@@ -11,11 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config_loader import compose_config, to_container
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec, expand_sweep
-from orchestrator.preflight import start_preflight
-from orchestrator.schema import validate_config
+from orchestrator.preflight_child import start_preflight
 from workloads.preflight import folder_is_writable
 
 
@@ -33,12 +34,10 @@ class SweepPlan:
         return [s for s in self.specs if s.trial_id not in self.skipped]
 
 
-def plan_sweep(overrides: list[str], config_dir: str | None, force: bool, check_files: bool = True) -> SweepPlan:
-    """Compose + validate every cell and check the world; nothing is written."""
-    config = to_container(compose_config(overrides, config_dir))
-    problems = validate_config(config)
-    if problems:
-        raise UserInputError(problems)
+def plan_sweep(config: dict[str, Any], overrides: list[str], config_dir: str | None, force: bool,
+               check_files: bool = True) -> SweepPlan:
+    """Compose + validate every cell of the validated base `config` (composed from `overrides`) and
+    check the world; nothing is written."""
     specs = expand_sweep(overrides, config, config_dir)
     pending = start_preflight([s.config for s in specs]) if check_files else None
     from orchestrator import ray_runner, tracking  # noqa: PLC0415 - MLflow + Ray: seconds, overlapped with preflight

@@ -11,29 +11,16 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
-from urllib.parse import urlparse
 
 import ray
 from ray.exceptions import RayError
 
+from fp8lab_conf.contracts import METRIC_LOSS, METRIC_TOKENS_PER_S_WINDOW, TrialLaunch
 from orchestrator.errors import UserInputError
 
 PIN_AMOUNT = 0.001  # a pin asks for a sliver of the node's custom resource: it places, never limits
-_FILE_SCHEMES = ("", "file", "sqlite")
 _BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
-
-
-@dataclass(frozen=True)
-class TrialLaunch:
-    """Everything a worker needs for one trial (plain data only)."""
-
-    config: dict[str, Any]
-    trial_id: str
-    run_id: str
-    tracking_uri: str
-    policy_label: str
 
 
 def init_ray(cluster: dict[str, Any]) -> None:
@@ -84,9 +71,9 @@ def check_resources(cluster: dict[str, Any]) -> None:
     if cluster["gpus_per_trial"] > total.get("GPU", 0):
         raise UserInputError(f"cluster.gpus_per_trial: {cluster['gpus_per_trial']} GPU(s) per trial requested but the "
                              f"Ray cluster has {total.get('GPU', 0):g} (fix: cluster.gpus_per_trial=0 to run on CPU)")
-    if cluster["cpus_per_trial"] > total.get("CPU", 0):
-        raise UserInputError(f"cluster.cpus_per_trial: {cluster['cpus_per_trial']} CPUs per trial but the cluster has "
-                             f"{total.get('CPU', 0):g} (fix: cluster.cpus_per_trial=1)")
+    shortage = cpu_shortage(cluster, total.get("CPU", 0), local=False)
+    if shortage:
+        raise UserInputError(shortage)
     wanted = {**{name: PIN_AMOUNT for name in cluster.get("pin_trials") or []}, **(cluster.get("trial_resources") or {})}
     short = [name for name, amount in wanted.items() if total.get(name, 0) < amount]
     if short:
@@ -96,6 +83,16 @@ def check_resources(cluster: dict[str, Any]) -> None:
                              "or drop the resource)")
 
 
+def cpu_shortage(cluster: dict[str, Any], cpus: float, local: bool) -> str | None:
+    """The CPU-per-trial rule, checked before a local Ray starts (against `cluster.num_cpus`) and once
+    connected to a cluster (against what it reports): a trial asking for more CPUs than Ray has would
+    wait forever."""
+    if cluster["cpus_per_trial"] <= cpus:
+        return None
+    has, fix = ("the local Ray gets", ", or raise cluster.num_cpus") if local else ("the cluster has", "")
+    return f"cluster.cpus_per_trial: {cluster['cpus_per_trial']} CPUs per trial but {has} {cpus:g} (fix: cluster.cpus_per_trial=1{fix})"
+
+
 def check_local_resources(cluster: dict[str, Any]) -> None:
     """For a local Ray (no `cluster.address`), the checks of `check_resources` that can be made
     before Ray starts: a sweep that could never schedule fails in a second, and once these pass
@@ -103,10 +100,8 @@ def check_local_resources(cluster: dict[str, Any]) -> None:
     if cluster["address"]:
         return
     cpus = cluster["num_cpus"] if cluster["num_cpus"] is not None else (os.cpu_count() or 1)
-    problems = []
-    if cluster["cpus_per_trial"] > cpus:
-        problems.append(f"cluster.cpus_per_trial: {cluster['cpus_per_trial']} CPUs per trial but the local Ray gets "
-                        f"{cpus:g} (fix: cluster.cpus_per_trial=1, or raise cluster.num_cpus)")
+    shortage = cpu_shortage(cluster, cpus, local=True)
+    problems = [shortage] if shortage else []
     custom = [*(cluster.get("trial_resources") or {}), *(cluster.get("pin_trials") or [])]
     if custom:
         problems.append(f"cluster.trial_resources/pin_trials: {', '.join(custom)} only exist on a Ray cluster started with "
@@ -117,33 +112,6 @@ def check_local_resources(cluster: dict[str, Any]) -> None:
 
 def node_count() -> int:
     return sum(1 for node in ray.nodes() if node.get("Alive"))
-
-
-def check_store_for_cluster(cluster: dict[str, Any], tracking_uri: str, artifact_location: str | None) -> None:
-    """Trials on other nodes cannot write a file on the driver's disk: refuse a file store (SQLite,
-    ./mlruns) or a local artifact folder when the cluster has several nodes or is reached through
-    Ray Client. An autoscaling cluster that has only its head node now is not caught: use a server."""
-    nodes = node_count()
-    remote_client = str(cluster.get("address") or "").startswith("ray://")
-    if nodes <= 1 and not remote_client:
-        return
-    where = f"{nodes} nodes" if nodes > 1 else "Ray Client (the driver is not on the cluster)"
-    if urlparse(tracking_uri).scheme in _FILE_SCHEMES:
-        raise UserInputError(f"tracking.uri: {tracking_uri} is a file on this machine, but the Ray cluster has {where} and "
-                             "trials on other nodes cannot write it (fix: run an MLflow server, see infra/mlflow, and set "
-                             "tracking.uri=http://HOST:5000)")
-    if artifact_location and urlparse(artifact_location).scheme in _FILE_SCHEMES:
-        raise UserInputError(f"tracking.artifact_location: {artifact_location} is a local folder, but the Ray cluster has "
-                             f"{where}: each trial would write artifacts to its own node's disk (fix: leave it null so the "
-                             "MLflow server's proxied artifact store is used, or give an s3:// URI)")
-
-
-def check_artifact_root(artifact_uri: str, experiment: str) -> None:
-    """An experiment whose artifact root is a local path makes each trial write to its own node's disk."""
-    if node_count() > 1 and urlparse(artifact_uri).scheme in _FILE_SCHEMES:
-        raise UserInputError(f"tracking: experiment '{experiment}' stores artifacts in {artifact_uri}, a local folder, but the "
-                             "Ray cluster has several nodes (fix: start the MLflow server with --serve-artifacts and "
-                             "--artifacts-destination s3://..., then use a new sweep.name)")
 
 
 def parallel_slots(cluster: dict[str, Any]) -> int:
@@ -168,10 +136,10 @@ def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
     board.update.remote(launch.trial_id, {"state": "RUNNING", "step": 0})
 
     def progress(step: int, metrics: dict[str, float]) -> None:
-        board.update.remote(launch.trial_id, {"step": step, "loss": metrics.get("train/loss"),
-                                              "tokens_per_s": metrics.get("train/tokens_per_s_window")})
+        board.update.remote(launch.trial_id, {"step": step, "loss": metrics.get(METRIC_LOSS),
+                                              "tokens_per_s": metrics.get(METRIC_TOKENS_PER_S_WINDOW)})
 
-    result = run(launch.config, launch.trial_id, launch.run_id, launch.tracking_uri, launch.policy_label, progress)
+    result = run(launch, progress)
     result["task_wall_s"] = time.time() - started  # the slot was busy this long (imports included)
     result["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
     result["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -3,7 +3,7 @@
 The schema is declarative (one rule per key) so a new key is one line here. Each problem names
 the key, what is allowed, what was given, and how to fix it. Checks that need the filesystem or
 the training stack (model folder, dataset rows, policy names, lm-eval tasks) live in
-orchestrator/preflight.py; this module only looks at the config itself.
+workloads/preflight.py (run by orchestrator/preflight_child.py); this module only looks at the config itself.
 """
 from __future__ import annotations
 

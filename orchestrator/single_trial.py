@@ -15,6 +15,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from fp8lab_conf.contracts import METRIC_ACCURACY, METRIC_ACCURACY_STDERR, METRIC_TOKENS_PER_S, TrialLaunch
 from orchestrator import tracking
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec, policy_label
@@ -45,7 +46,7 @@ def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, 
     print(f"trial {spec.run_name} ({spec.trial_id}) -> MLflow run {run_id} in {uri}", file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` is handled like Ctrl-C
     try:
-        result = run(config, spec.trial_id, run_id, uri, policy_label(config), _printer(config["train"]["steps"]))
+        result = run(TrialLaunch(config, spec.trial_id, run_id, uri, policy_label(config)), _printer(config["train"]["steps"]))
     except KeyboardInterrupt:
         # KILLED even if the trial, unwinding, already closed its run as FINISHED: an interrupted
         # trial is not a result (a sweep would otherwise skip it as done).
@@ -72,12 +73,12 @@ def _printer(total: int):
 
 def _print_result(result: dict[str, Any]) -> None:
     metrics = result.get("metrics", {})
-    acc = metrics.get("eval/accuracy")
+    acc = metrics.get(METRIC_ACCURACY)
     line = f"{result['status']}: {result['policy']} seed {result['seed']}"
     if acc is not None:
-        line += f"  accuracy {acc:.3f} ± {metrics.get('eval/accuracy_stderr', float('nan')):.3f}"
-    if "train/tokens_per_s" in metrics:
-        line += f"  {metrics['train/tokens_per_s']:.0f} tokens/s"
+        line += f"  accuracy {acc:.3f} ± {metrics.get(METRIC_ACCURACY_STDERR, float('nan')):.3f}"
+    if METRIC_TOKENS_PER_S in metrics:
+        line += f"  {metrics[METRIC_TOKENS_PER_S]:.0f} tokens/s"
     if result.get("reason"):
         line += f"  ({result['reason']})"
     print(line)

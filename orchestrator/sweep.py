@@ -57,7 +57,7 @@ def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
         ray_runner.init_ray(cluster)
         try:
             ray_runner.check_resources(cluster)
-            ray_runner.check_store_for_cluster(cluster, plan.tracking_uri, plan.config["tracking"]["artifact_location"])
+            tracking.check_store_for_cluster(ray_runner.node_count(), cluster, plan.tracking_uri, plan.config["tracking"]["artifact_location"])
             experiment_id = early.result() if early else _experiment_for(plan)
             return _execute(plan, console, cluster, experiment_id, lease)
         finally:
@@ -89,7 +89,7 @@ def _take_over(plan: SweepPlan, client: MlflowClient, experiment_id: str, lease:
 def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_id: str,
              lease: lease_mod.SweepLease) -> SweepOutcome:
     client = MlflowClient(plan.tracking_uri)
-    ray_runner.check_artifact_root(client.get_experiment(experiment_id).artifact_location, plan.config["sweep"]["name"])
+    tracking.check_artifact_root(ray_runner.node_count(), client.get_experiment(experiment_id).artifact_location, plan.config["sweep"]["name"])
     _take_over(plan, client, experiment_id, lease, console)
     parent = tracking.open_parent_run(client, experiment_id, plan.sweep_id, plan.config["sweep"]["name"],
                                       resolved_yaml(plan.config), [s.trial_id for s in plan.specs])

@@ -16,13 +16,16 @@ from typing import Any, Iterable
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from fp8lab_conf.contracts import (
+    METRIC_ACCURACY, METRIC_FINAL_LOSS, METRIC_PEAK_BYTES, METRIC_TOKENS_PER_S, TAG_POLICY, TAG_STATUS,
+)
 from orchestrator.params import sweep_params
 
 log = logging.getLogger(__name__)
 
 # result metric -> short name in the summary
-SUMMARY_METRICS = {"eval/accuracy": "accuracy", "train/tokens_per_s": "tokens_per_s",
-                   "memory/peak_bytes": "peak_bytes", "train/final_loss": "final_loss"}
+SUMMARY_METRICS = {METRIC_ACCURACY: "accuracy", METRIC_TOKENS_PER_S: "tokens_per_s",
+                   METRIC_PEAK_BYTES: "peak_bytes", METRIC_FINAL_LOSS: "final_loss"}
 _NOT_ALLOWED = re.compile(r"[^A-Za-z0-9_\-. /]")
 
 
@@ -62,7 +65,7 @@ def log_policy_summary(client: MlflowClient, parent_run_id: str, results: dict[s
             run = client.get_run(run_id)
         except Exception:  # noqa: BLE001 - a deleted run simply does not count
             continue
-        rows.append((run.data.tags.get("fp8lab.policy", ""), run.data.tags.get("fp8lab.status", ""), run.data.metrics))
+        rows.append((run.data.tags.get(TAG_POLICY, ""), run.data.tags.get(TAG_STATUS, ""), run.data.metrics))
     means = policy_means(rows)
     if means:
         try:

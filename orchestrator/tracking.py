@@ -19,11 +19,14 @@ from mlflow.entities import RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
+from fp8lab_conf.contracts import (
+    ROLE_SWEEP, ROLE_TRIAL, TAG_AXIS_PREFIX, TAG_DRIVER, TAG_DRIVER_LOST, TAG_POLICY, TAG_REASON, TAG_ROLE, TAG_SEED,
+    TAG_STATUS, TAG_SWEEP_ID, TAG_SWEEP_NAME, TAG_TRIAL_ID, TAG_VERSION,
+)
 from orchestrator.errors import UserInputError
 from workloads.preflight import folder_is_writable  # torch-free module
 from orchestrator.matrix import TrialSpec
 
-TRIAL_ROLE, SWEEP_ROLE = "trial", "sweep"
 MIN_FREE_BYTES = 16 * 2**20  # a sweep's runs, params and metrics need some room; less is a full disk
 COMPLETE = ("FINISHED", "DIVERGED")  # trial statuses that are a result; FAILED/KILLED are rerun
 
@@ -52,6 +55,36 @@ def check_store(uri: str, timeout_s: float = 5.0) -> None:
         raise UserInputError(f"tracking.uri: unsupported scheme '{parsed.scheme}' (fix: sqlite:///mlflow.db or http://host:port)")
 
 
+_FILE_SCHEMES = ("", "file", "sqlite")  # a store or artifact root on the driver's own disk
+
+
+def check_store_for_cluster(nodes: int, cluster: dict[str, Any], tracking_uri: str, artifact_location: str | None) -> None:
+    """Trials on other nodes cannot write a file on the driver's disk: refuse a file store (SQLite,
+    ./mlruns) or a local artifact folder when the cluster has several `nodes` or is reached through
+    Ray Client. An autoscaling cluster that has only its head node now is not caught: use a server.
+    The caller counts the nodes (the Ray module), so these rules stay free of Ray."""
+    remote_client = str(cluster.get("address") or "").startswith("ray://")
+    if nodes <= 1 and not remote_client:
+        return
+    where = f"{nodes} nodes" if nodes > 1 else "Ray Client (the driver is not on the cluster)"
+    if urlparse(tracking_uri).scheme in _FILE_SCHEMES:
+        raise UserInputError(f"tracking.uri: {tracking_uri} is a file on this machine, but the Ray cluster has {where} and "
+                             "trials on other nodes cannot write it (fix: run an MLflow server, see infra/mlflow, and set "
+                             "tracking.uri=http://HOST:5000)")
+    if artifact_location and urlparse(artifact_location).scheme in _FILE_SCHEMES:
+        raise UserInputError(f"tracking.artifact_location: {artifact_location} is a local folder, but the Ray cluster has "
+                             f"{where}: each trial would write artifacts to its own node's disk (fix: leave it null so the "
+                             "MLflow server's proxied artifact store is used, or give an s3:// URI)")
+
+
+def check_artifact_root(nodes: int, artifact_uri: str, experiment: str) -> None:
+    """An experiment whose artifact root is a local path makes each trial write to its own node's disk."""
+    if nodes > 1 and urlparse(artifact_uri).scheme in _FILE_SCHEMES:
+        raise UserInputError(f"tracking: experiment '{experiment}' stores artifacts in {artifact_uri}, a local folder, but the "
+                             "Ray cluster has several nodes (fix: start the MLflow server with --serve-artifacts and "
+                             "--artifacts-destination s3://..., then use a new sweep.name)")
+
+
 def absolute_uri(uri: str) -> str:
     """Trials run in other processes (and maybe other folders): make sqlite paths absolute."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
@@ -69,7 +102,7 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_location: str | 
 
 
 def find_parent(client: MlflowClient, experiment_id: str, sweep_id: str) -> str | None:
-    runs = client.search_runs([experiment_id], f"tags.`fp8lab.role` = '{SWEEP_ROLE}' and tags.`fp8lab.sweep_id` = '{sweep_id}'",
+    runs = client.search_runs([experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_SWEEP}' and tags.`{TAG_SWEEP_ID}` = '{sweep_id}'",
                               max_results=1, order_by=["attributes.start_time DESC"])
     return runs[0].info.run_id if runs else None
 
@@ -82,8 +115,8 @@ def open_parent_run(client: MlflowClient, experiment_id: str, sweep_id: str, swe
     earlier sweep already finished them, so the report can pull those runs in."""
     run_id = find_parent(client, experiment_id, sweep_id)
     if run_id is None:
-        tags = {MLFLOW_RUN_NAME: f"sweep-{sweep_id[:8]}", "fp8lab.role": SWEEP_ROLE,
-                "fp8lab.sweep_id": sweep_id, "fp8lab.sweep_name": sweep_name}
+        tags = {MLFLOW_RUN_NAME: f"sweep-{sweep_id[:8]}", TAG_ROLE: ROLE_SWEEP,
+                TAG_SWEEP_ID: sweep_id, TAG_SWEEP_NAME: sweep_name}
         run_id = client.create_run(experiment_id, tags=tags, run_name=tags[MLFLOW_RUN_NAME]).info.run_id
     else:
         client.update_run(run_id, status="RUNNING")
@@ -96,13 +129,13 @@ def create_trial_run(client: MlflowClient, experiment_id: str, spec: TrialSpec, 
                      parent_run_id: str | None, params: dict[str, Any]) -> str:
     """A child run for one trial, created SCHEDULED; the trial marks it RUNNING when it starts."""
     tags = {
-        MLFLOW_RUN_NAME: spec.run_name, "fp8lab.role": TRIAL_ROLE, "fp8lab.trial_id": spec.trial_id,
-        "fp8lab.policy": spec.policy, "fp8lab.seed": str(spec.seed), "fp8lab.status": "SCHEDULED",
-        **{f"fp8lab.axis.{k}": str(v) for k, v in spec.extra_axes.items()},
+        MLFLOW_RUN_NAME: spec.run_name, TAG_ROLE: ROLE_TRIAL, TAG_TRIAL_ID: spec.trial_id,
+        TAG_POLICY: spec.policy, TAG_SEED: str(spec.seed), TAG_STATUS: "SCHEDULED",
+        **{f"{TAG_AXIS_PREFIX}{k}": str(v) for k, v in spec.extra_axes.items()},
     }
     tags.update(dict(source_tags()))
     if sweep_id:
-        tags["fp8lab.sweep_id"] = sweep_id
+        tags[TAG_SWEEP_ID] = sweep_id
     if parent_run_id:
         tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
     run_id = client.create_run(experiment_id, tags=tags, run_name=spec.run_name).info.run_id
@@ -119,7 +152,7 @@ def source_tags() -> dict[str, str]:
 
     tags = {}
     try:
-        tags["fp8lab.version"] = version("fp8lab")
+        tags[TAG_VERSION] = version("fp8lab")
     except PackageNotFoundError:
         pass
     source = Path(__file__).resolve().parent.parent
@@ -143,11 +176,11 @@ def finished_trials(client: MlflowClient, experiment_id: str) -> dict[str, str]:
     found: dict[str, str] = {}
     page_token = None
     while True:
-        page = client.search_runs([experiment_id], f"tags.`fp8lab.role` = '{TRIAL_ROLE}'",  # MLflow has no IN for tags
+        page = client.search_runs([experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'",  # MLflow has no IN for tags
                                   max_results=1000, page_token=page_token)
         for run in page:
-            if run.data.tags.get("fp8lab.status") in COMPLETE:
-                found.setdefault(run.data.tags["fp8lab.trial_id"], run.info.run_id)
+            if run.data.tags.get(TAG_STATUS) in COMPLETE:
+                found.setdefault(run.data.tags[TAG_TRIAL_ID], run.info.run_id)
         page_token = page.token
         if not page_token:
             return found
@@ -158,8 +191,8 @@ def close_unfinished(client: MlflowClient, run_ids: list[str], status: str, reas
     for run_id in run_ids:
         run = client.get_run(run_id)
         if run.info.status in ("RUNNING", "SCHEDULED"):
-            client.log_batch(run_id, tags=[RunTag("fp8lab.status", status if status != "KILLED" else "KILLED"),
-                                           RunTag("fp8lab.reason", reason)])
+            client.log_batch(run_id, tags=[RunTag(TAG_STATUS, status if status != "KILLED" else "KILLED"),
+                                           RunTag(TAG_REASON, reason)])
             client.set_terminated(run_id, status)
 
 
@@ -171,25 +204,25 @@ def close_lost_runs(client: MlflowClient, uri: str, experiment_id: str, sweep_id
     check. Returns one line per sweep closed, for the caller to print."""
     from orchestrator import lease  # noqa: PLC0415 - fcntl-only module, kept out of import time
 
-    where = f" and tags.`fp8lab.sweep_id` = '{sweep_id}'" if sweep_id else ""
+    where = f" and tags.`{TAG_SWEEP_ID}` = '{sweep_id}'" if sweep_id else ""
     stale: dict[str, list[Any]] = {}
     for status in ("RUNNING", "SCHEDULED"):  # MLflow's search has no IN for attributes.status
         for run in client.search_runs([experiment_id], f"attributes.status = '{status}'{where}", max_results=5000):
-            if run.data.tags.get("fp8lab.sweep_id"):
-                stale.setdefault(run.data.tags["fp8lab.sweep_id"], []).append(run)
+            if run.data.tags.get(TAG_SWEEP_ID):
+                stale.setdefault(run.data.tags[TAG_SWEEP_ID], []).append(run)
     lines = []
     for sid, runs in stale.items():
         parent_id = find_parent(client, experiment_id, sid)
         parent_tags = client.get_run(parent_id).data.tags if parent_id else {}
         if not own and lease.driver_alive(uri, sid, parent_tags):
             continue
-        holder = parent_tags.get(lease.DRIVER_TAG, "unknown driver")
-        tags = [RunTag("fp8lab.reason", lease.DRIVER_LOST), RunTag(lease.DRIVER_LOST_TAG, holder)]
+        holder = parent_tags.get(TAG_DRIVER, "unknown driver")
+        tags = [RunTag(TAG_REASON, lease.DRIVER_LOST), RunTag(TAG_DRIVER_LOST, holder)]
         for run in runs:
-            extra = [RunTag("fp8lab.status", "KILLED")] if run.data.tags.get("fp8lab.role") == TRIAL_ROLE else []
+            extra = [RunTag(TAG_STATUS, "KILLED")] if run.data.tags.get(TAG_ROLE) == ROLE_TRIAL else []
             client.log_batch(run.info.run_id, tags=tags + extra)
             client.set_terminated(run.info.run_id, "KILLED")
-        trials = sum(r.data.tags.get("fp8lab.role") == TRIAL_ROLE for r in runs)
+        trials = sum(r.data.tags.get(TAG_ROLE) == ROLE_TRIAL for r in runs)
         lines.append(f"sweep {sid}: its driver ({holder}) was lost; {trials} unfinished trial run(s) "
                      f"marked KILLED (reason: {lease.DRIVER_LOST})")
     return lines
@@ -216,7 +249,7 @@ def close_lost_in_store(uri: str, experiment_name: str | None = None) -> list[st
 
 def mark_killed(client: MlflowClient, run_id: str, reason: str) -> None:
     """An interrupted trial's run is KILLED whatever state it reached on the way out."""
-    client.log_batch(run_id, tags=[RunTag("fp8lab.status", "KILLED"), RunTag("fp8lab.reason", reason)])
+    client.log_batch(run_id, tags=[RunTag(TAG_STATUS, "KILLED"), RunTag(TAG_REASON, reason)])
     client.set_terminated(run_id, "KILLED")
 
 

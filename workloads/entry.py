@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from workloads.trial import TrialContext, run_trial
+from fp8lab_conf.contracts import TrialLaunch
+from workloads.trial import run_trial
 
 
-def run(config: dict[str, Any], trial_id: str, run_id: str, tracking_uri: str, policy_label: str,
-        progress: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
-    return run_trial(config, TrialContext(trial_id, run_id, tracking_uri, policy_label), progress)
+def run(launch: TrialLaunch, progress: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+    return run_trial(launch, progress)

@@ -15,10 +15,12 @@ from typing import Any, Callable, Iterable
 import torch
 from transformers import get_scheduler
 
+from fp8lab_conf.contracts import (
+    METRIC_GRAD_NORM, METRIC_LORA_WEIGHT_STD, METRIC_LOSS, METRIC_LOSS_SCALE, METRIC_LR, METRIC_TOKENS_PER_S_WINDOW,
+    TAG_RESUMED_FROM_STEP,
+)
+
 ProgressFn = Callable[[int, dict[str, float]], None]
-# Tokens/s since the previous logged step. The whole-run mean is logged once at the end as
-# `train/tokens_per_s` (its own name, so each metric has one value per step).
-WINDOW_THROUGHPUT = "train/tokens_per_s_window"
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ def _resume(checkpointer: Any, model: Any, optimizer: Any, scheduler: Any, handl
     if resumed is None:
         return TrainResult(), 0
     step, partial = resumed
-    logger.set_tags({"fp8lab.resumed_from_step": step})
+    logger.set_tags({TAG_RESUMED_FROM_STEP: step})
     return TrainResult(**partial), step
 
 
@@ -149,14 +151,16 @@ def _step_metrics(values: dict[str, float], optimizer: torch.optim.Optimizer, ha
     """MLflow names (docs/contracts.md) for one logged step."""
     metrics = {k: v for k, v in values.items() if "/" in k}  # telemetry aggregates, if recorded
     metrics.update({
-        "train/loss": values["loss"],
-        "train/grad_norm": values["grad_norm"],
-        "train/lora_weight_std": values["lora_std"],
-        "train/lr": optimizer.param_groups[0]["lr"],
-        WINDOW_THROUGHPUT: tokens_per_s,
+        METRIC_LOSS: values["loss"],
+        METRIC_GRAD_NORM: values["grad_norm"],
+        METRIC_LORA_WEIGHT_STD: values["lora_std"],
+        METRIC_LR: optimizer.param_groups[0]["lr"],
+        # tokens/s since the previous logged step; the whole-run mean is logged once at the end
+        # under its own name (METRIC_TOKENS_PER_S), so each metric has one value per step
+        METRIC_TOKENS_PER_S_WINDOW: tokens_per_s,
     })
     if handle.loss_scale is not None:
-        metrics["fp8/loss_scale"] = float(handle.loss_scale)
+        metrics[METRIC_LOSS_SCALE] = float(handle.loss_scale)
     return metrics
 
 

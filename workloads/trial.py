@@ -12,12 +12,16 @@ import socket
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fp8lab_conf.contracts import (
+    TAG_ABLATION, TAG_ADAPTER_ERROR, TAG_BACKEND, TAG_BACKEND_REASON, TAG_CUDA_VISIBLE_DEVICES, TAG_DEVIATIONS, TAG_DEVICE,
+    TAG_DIVERGED_STEP, TAG_EMULATED, TAG_EVAL_AGGREGATE, TAG_EVAL_PRIMARY, TAG_HOST, TAG_POLICY_VERSION, TAG_RAY_NODE_ID,
+    TAG_RAY_RESOURCES, TAG_REASON, TAG_STATUS, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, TrialLaunch,
+)
 from workloads import data as data_mod
 from workloads.eval_metrics import (PRIMARY_MEAN, configured_tasks, eval_data_dirs, primary_figure, safe_name,
                                     task_metrics)
@@ -27,7 +31,7 @@ from workloads.faults import FaultInjector
 from workloads.memory import PeakMemory
 from workloads.model_loading import attach_lora, load_base_model
 from workloads.precision.backends import apply_backend, select_backend
-from workloads.precision.ladder import TAG_DEVIATIONS, ladder_tags
+from workloads.precision.ladder import ladder_tags
 from workloads.precision.policy import get_policy
 from workloads.precision.telemetry import Fp8Telemetry
 from workloads.export.adapter import ADAPTER_ARTIFACT, save_adapter
@@ -37,22 +41,10 @@ from workloads.train_loop import LoopSettings, ProgressFn, TrainResult, run_trai
 
 log = logging.getLogger("fp8lab.trial")
 
-TELEMETRY_COLUMNS = ["step", "layer", "kind", "underflow_pct", "overflow_pct", "amax",
-                     "scale_inv_min", "scale_inv_max", "mse", "nonfinite", "numel", "value"]
 
-
-@dataclass(frozen=True)
-class TrialContext:
-    """Who this trial is and where it reports (given by the orchestrator)."""
-
-    trial_id: str
-    run_id: str
-    tracking_uri: str
-    policy_label: str
-
-
-def run_trial(config: dict[str, Any], ctx: TrialContext, progress: ProgressFn | None = None) -> dict[str, Any]:
+def run_trial(ctx: TrialLaunch, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Run one trial and return the result dict of docs/contracts.md (also logged as result.json)."""
+    config = ctx.config
     logger = MlflowTrialLogger(ctx.tracking_uri, ctx.run_id)
     log_path, handler = _capture_log()
     result = _result_skeleton(config, ctx)
@@ -60,7 +52,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext, progress: ProgressFn | 
     system = None
     try:
         logger.client.update_run(ctx.run_id, status="RUNNING")
-        logger.set_tags({"fp8lab.status": "RUNNING"})
+        logger.set_tags({TAG_STATUS: "RUNNING"})
         system = SystemMetrics(ctx.tracking_uri, ctx.run_id, float(config["tracking"].get("system_metrics_interval_s", 0)))
         _run(config, ctx, logger, result, progress)
     except Exception as exc:  # noqa: BLE001 - any failure becomes a FAILED result
@@ -75,7 +67,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext, progress: ProgressFn | 
     return result
 
 
-def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
+def _run(config: dict[str, Any], ctx: TrialLaunch, logger: MlflowTrialLogger,
          result: dict[str, Any], progress: ProgressFn | None) -> None:
     device = _setup_runtime(config)
     result["device"] = _device_name(device)
@@ -91,7 +83,7 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
     choice = select_backend(config["precision"]["backend"], device)
     handle = apply_backend(model, policy, telemetry, choice)
     result.update(backend=handle.backend, emulated=bool(handle.emulated), deviations=list(handle.deviations))
-    logger.set_tags({"fp8lab.backend_reason": choice.reason[:5000], TAG_DEVIATIONS: "; ".join(handle.deviations)[:5000]})
+    logger.set_tags({TAG_BACKEND_REASON: choice.reason[:5000], TAG_DEVIATIONS: "; ".join(handle.deviations)[:5000]})
     _log_setup(logger, config, result, handle, policy)
     settings = _loop_settings(config)
     def make_batches(start_step: int):
@@ -120,7 +112,7 @@ def _run(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger,
         _log_adapter(logger, model)
 
 
-def _checkpointer(config: dict[str, Any], ctx: TrialContext, logger: MlflowTrialLogger) -> Checkpointer | None:
+def _checkpointer(config: dict[str, Any], ctx: TrialLaunch, logger: MlflowTrialLogger) -> Checkpointer | None:
     """Checkpoints every `train.checkpoint_every` steps under `train.checkpoint_dir/<trial_id>`.
     Metrics are then written at checkpoints (and the end) only, so a resumed run re-logs
     exactly the steps that were lost with the killed worker."""
@@ -174,12 +166,12 @@ def _loop_settings(config: dict[str, Any]) -> LoopSettings:
 def _log_setup(logger: MlflowTrialLogger, config: dict[str, Any], result: dict[str, Any], handle: Any, policy: Any) -> None:
     from omegaconf import OmegaConf
 
-    logger.set_tags({"fp8lab.backend": handle.backend, "fp8lab.emulated": str(bool(handle.emulated)).lower(),
-                     "fp8lab.device": result["device"], "fp8lab.policy_version": policy.version,
-                     "fp8lab.ablation": policy.ablation,
+    logger.set_tags({TAG_BACKEND: handle.backend, TAG_EMULATED: str(bool(handle.emulated)).lower(),
+                     TAG_DEVICE: result["device"], TAG_POLICY_VERSION: policy.version,
+                     TAG_ABLATION: policy.ablation,
                      **ladder_tags(policy.ladder, policy.ladder_base, policy.mechanism),
-                     "fp8lab.cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                     "fp8lab.host": socket.gethostname(), **_ray_placement_tags(), **_version_tags()})
+                     TAG_CUDA_VISIBLE_DEVICES: os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                     TAG_HOST: socket.gethostname(), **_ray_placement_tags(), **_version_tags()})
     logger.log_text(OmegaConf.to_yaml(OmegaConf.create(config)), "config/resolved.yaml")
     logger.log_dict({"policy": policy.to_dict(), "plan": handle.plan}, "precision/plan.json")
 
@@ -192,8 +184,8 @@ def _ray_placement_tags() -> dict[str, str]:
         if not ray.is_initialized():
             return {}
         context = ray.get_runtime_context()
-        return {"fp8lab.ray_node_id": context.get_node_id(),
-                "fp8lab.ray_resources": json.dumps(context.get_assigned_resources(), sort_keys=True)}
+        return {TAG_RAY_NODE_ID: context.get_node_id(),
+                TAG_RAY_RESOURCES: json.dumps(context.get_assigned_resources(), sort_keys=True)}
     except Exception:  # noqa: BLE001 - placement tags are informative only
         return {}
 
@@ -205,7 +197,7 @@ def _version_tags() -> dict[str, str]:
     tags = {}
     for package in ("torch", "transformers", "peft", "lm_eval", "mlflow", "ray", "torchao"):
         try:
-            tags[f"fp8lab.versions.{package}"] = version(package.replace("_", "-"))
+            tags[f"{TAG_VERSIONS_PREFIX}{package}"] = version(package.replace("_", "-"))
         except PackageNotFoundError:
             continue
     return tags
@@ -259,7 +251,7 @@ def _log_eval_artifacts(logger: MlflowTrialLogger, out: dict[str, Any], aggregat
     """Samples and results as artifacts; tags say which metric of each task is its primary one
     (the report's per-task column) and what eval/accuracy aggregates."""
     primaries = {safe_name(name): one["primary"] for name, one in out["tasks"].items()}
-    logger.set_tags({"fp8lab.eval_primary": json.dumps(primaries), "fp8lab.eval_aggregate": aggregate})
+    logger.set_tags({TAG_EVAL_PRIMARY: json.dumps(primaries), TAG_EVAL_AGGREGATE: aggregate})
     for name, one in out["tasks"].items():
         lines = "".join(json.dumps(row) + "\n" for row in one["samples"])
         logger.log_text(lines, f"eval/samples/{safe_name(name)}.jsonl")
@@ -274,7 +266,7 @@ def _log_adapter(logger: MlflowTrialLogger, model: Any) -> None:
             logger.log_dir(save_adapter(model, Path(tmp) / ADAPTER_ARTIFACT), ADAPTER_ARTIFACT)
     except Exception as exc:  # noqa: BLE001
         log.error("adapter not saved: %s", exc)
-        logger.set_tags({"fp8lab.adapter_error": f"{type(exc).__name__}: {exc}"[:5000]})
+        logger.set_tags({TAG_ADAPTER_ERROR: f"{type(exc).__name__}: {exc}"[:5000]})
 
 
 def _log_telemetry(logger: MlflowTrialLogger, train: TrainResult) -> None:
@@ -282,7 +274,7 @@ def _log_telemetry(logger: MlflowTrialLogger, train: TrainResult) -> None:
         logger.log_file(write_parquet(train.telemetry_rows, TELEMETRY_COLUMNS), "telemetry")
 
 
-def _result_skeleton(config: dict[str, Any], ctx: TrialContext) -> dict[str, Any]:
+def _result_skeleton(config: dict[str, Any], ctx: TrialLaunch) -> dict[str, Any]:
     return {"trial_id": ctx.trial_id, "policy": ctx.policy_label, "seed": config["seed"], "status": "FINISHED",
             "reason": "", "backend": "emulated" if config["precision"]["backend"] == "auto" else config["precision"]["backend"],
             "device": "unknown", "emulated": True, "deviations": [],
@@ -305,9 +297,9 @@ def _close_run(logger: MlflowTrialLogger, result: dict[str, Any], log_path: Path
     store is down (the orchestrator then records the failure from the returned result)."""
     status = "FAILED" if result["status"] == "FAILED" else "FINISHED"
     try:
-        tags = {"fp8lab.status": result["status"], "fp8lab.reason": result["reason"][:5000]}
+        tags = {TAG_STATUS: result["status"], TAG_REASON: result["reason"][:5000]}
         if result.get("diverged_step") is not None:
-            tags["fp8lab.diverged_step"] = result["diverged_step"]
+            tags[TAG_DIVERGED_STEP] = result["diverged_step"]
         logger.log_step(int(result["metrics"].get("train/steps_done", 0)), {"trial/wall_s": result["metrics"]["trial/wall_s"]})
         logger.flush()
         logger.set_tags(tags)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fp8lab_conf.contracts import ROLE_TRIAL, TAG_ROLE, TAG_STATUS
+
 FORMATS = ("adapter", "merged", "fp8-block128")
 
 
@@ -43,10 +45,10 @@ def check_exportable(run: Any, fmt: str, out_dir: Path) -> None:
     if fmt not in FORMATS:
         raise ExportError(f"--format: unknown format {fmt!r} (fix: one of {', '.join(FORMATS)})")
     tags = run.data.tags
-    if tags.get("fp8lab.role") != "trial":
+    if tags.get(TAG_ROLE) != ROLE_TRIAL:
         raise ExportError(f"run {run.info.run_id} is not an fp8lab trial run (fix: pass a trial's run id, "
                           "or --sweep ID --best)")
-    status = tags.get("fp8lab.status", run.info.status)
+    status = tags.get(TAG_STATUS, run.info.status)
     if status != "FINISHED" or run.info.status != "FINISHED":
         raise ExportError(f"run {run.info.run_id} ({tags.get('mlflow.runName', '')}) is {status}, not FINISHED: "
                           "only a finished trial has a model to export (fix: pick a FINISHED run)")

@@ -25,26 +25,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fp8lab_conf.contracts import TAG_LADDER, TAG_LADDER_BASE, TAG_MECHANISM, TAG_MECHANISM_DESC
+
 __all__ = [
     "LADDER_BASES",
     "MECHANISMS",
     "Mechanism",
     "RUNGS",
     "Rung",
-    "TAG_DEVIATIONS",
-    "TAG_LADDER",
-    "TAG_LADDER_BASE",
-    "TAG_MECHANISM",
-    "TAG_MECHANISM_DESC",
     "ladder_tags",
 ]
 
-# MLflow tags of a trial run (read by analysis; keep in step with docs/mechanisms.md).
-TAG_LADDER = "fp8lab.ladder"  # "up" | "down" | "" (not a rung)
-TAG_LADDER_BASE = "fp8lab.ladder_base"  # the policy the rung is one switch away from
-TAG_MECHANISM = "fp8lab.mechanism"  # the mechanism id below
-TAG_MECHANISM_DESC = "fp8lab.mechanism_desc"  # one human sentence
-TAG_DEVIATIONS = "fp8lab.deviations"  # "; "-joined: what the backend changed vs the policy
 
 LADDER_BASES = ("fp8_naive", "fp8_protected")
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from analysis.synthetic import SynthTrial
+from tests.support.synthetic import SynthTrial
 
 GIB = float(1 << 30)
 

@@ -19,7 +19,7 @@ for _p in (ROOT, Path(__file__).resolve().parent):  # run without PYTHONPATH too
 
 from _report_data import PARAMS, SynthTrial, axes_trials, main_trials  # noqa: E402
 
-from analysis.synthetic import write_sweep  # noqa: E402
+from tests.support.synthetic import write_sweep  # noqa: E402
 
 
 @dataclass(frozen=True)

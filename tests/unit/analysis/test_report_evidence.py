@@ -12,7 +12,7 @@ import pytest
 from analysis import ReportOptions, generate_report
 from analysis.compare import Evidence
 from analysis.summary import build_summary, verdict_lines
-from analysis.synthetic import SynthTrial, write_sweep
+from tests.support.synthetic import SynthTrial, write_sweep
 from analysis.tidy import dedupe_trials, tidy_runs
 
 N_ITEMS = 400

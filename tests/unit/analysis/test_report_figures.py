@@ -8,7 +8,7 @@ from analysis.figures import FigureArtifact, all_figures, underflow_heatmaps
 from analysis.options import ReportOptions
 from analysis.render import Bullets, Document, Heading, Image, Para, Table, to_html, to_markdown
 from analysis.summary import build_summary
-from analysis.synthetic import SynthTrial, telemetry_frame
+from tests.support.synthetic import SynthTrial, telemetry_frame
 from analysis.tidy import dedupe_trials, tidy_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

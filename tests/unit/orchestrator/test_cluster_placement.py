@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import ray_runner
+from orchestrator import ray_runner, tracking
 from orchestrator.errors import UserInputError
 
 CLUSTER = {"address": "auto", "trial_resources": {}, "pin_trials": [], "cpus_per_trial": 1, "gpus_per_trial": 0}
@@ -18,29 +18,25 @@ def test_trial_resources_add_round_robin_pins() -> None:
 
 
 @pytest.mark.parametrize("uri", ["sqlite:////tmp/x/mlflow.db", "file:///tmp/mlruns", "/tmp/mlruns"])
-def test_file_store_refused_on_several_nodes(monkeypatch: pytest.MonkeyPatch, uri: str) -> None:
-    monkeypatch.setattr(ray_runner, "node_count", lambda: 2)
+def test_file_store_refused_on_several_nodes(uri: str) -> None:
     with pytest.raises(UserInputError, match="2 nodes.*tracking.uri=http://"):
-        ray_runner.check_store_for_cluster(CLUSTER, uri, None)
+        tracking.check_store_for_cluster(2, CLUSTER, uri, None)
 
 
-def test_file_store_allowed_on_one_node_server_always(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ray_runner, "node_count", lambda: 1)
-    ray_runner.check_store_for_cluster(CLUSTER, "sqlite:////tmp/x/mlflow.db", None)
-    monkeypatch.setattr(ray_runner, "node_count", lambda: 3)
-    ray_runner.check_store_for_cluster(CLUSTER, "http://mlflow:5000", None)
-    ray_runner.check_artifact_root("mlflow-artifacts:/1", "exp")
+def test_file_store_allowed_on_one_node_server_always() -> None:
+    tracking.check_store_for_cluster(1, CLUSTER, "sqlite:////tmp/x/mlflow.db", None)
+    tracking.check_store_for_cluster(3, CLUSTER, "http://mlflow:5000", None)
+    tracking.check_artifact_root(3, "mlflow-artifacts:/1", "exp")
+    tracking.check_artifact_root(1, "/mlruns/3", "exp")  # one node: its own disk is everyone's
 
 
-def test_ray_client_counts_as_remote_and_local_artifacts_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ray_runner, "node_count", lambda: 1)
+def test_ray_client_counts_as_remote_and_local_artifacts_are_refused() -> None:
     with pytest.raises(UserInputError, match="Ray Client"):
-        ray_runner.check_store_for_cluster({**CLUSTER, "address": "ray://head:10001"}, "sqlite:////tmp/m.db", None)
-    monkeypatch.setattr(ray_runner, "node_count", lambda: 2)
+        tracking.check_store_for_cluster(1, {**CLUSTER, "address": "ray://head:10001"}, "sqlite:////tmp/m.db", None)
     with pytest.raises(UserInputError, match="tracking.artifact_location"):
-        ray_runner.check_store_for_cluster(CLUSTER, "http://mlflow:5000", "/shared/artifacts")
+        tracking.check_store_for_cluster(2, CLUSTER, "http://mlflow:5000", "/shared/artifacts")
     with pytest.raises(UserInputError, match="local folder"):
-        ray_runner.check_artifact_root("/mlruns/3", "exp")
+        tracking.check_artifact_root(2, "/mlruns/3", "exp")
 
 
 def test_missing_custom_resource_is_refused_before_trials_wait_forever(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,3 +55,13 @@ def test_local_cluster_resources_are_checked_before_ray_starts() -> None:
     with pytest.raises(UserInputError) as exc:
         ray_runner.check_local_resources({**LOCAL, "cpus_per_trial": 3, "trial_resources": {"pool": 1}})
     assert [p.split(":")[0] for p in exc.value.problems] == ["cluster.cpus_per_trial", "cluster.trial_resources/pin_trials"]
+
+
+def test_one_cpu_rule_before_a_local_ray_and_on_a_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_runner.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    greedy = {**CLUSTER, "cpus_per_trial": 3}
+    with pytest.raises(UserInputError, match=r"^cluster.cpus_per_trial: 3 CPUs per trial but the cluster has 2 \(fix"):
+        ray_runner.check_resources(greedy)
+    with pytest.raises(UserInputError, match=r"the local Ray gets 2 \(fix: .*raise cluster.num_cpus\)"):
+        ray_runner.check_local_resources({**greedy, "address": None, "num_cpus": 2})
+    ray_runner.check_resources({**CLUSTER, "cpus_per_trial": 2})  # exactly enough

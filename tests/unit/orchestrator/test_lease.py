@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
+from fp8lab_conf.contracts import TAG_DRIVER, TAG_DRIVER_HEARTBEAT, TAG_DRIVER_LOST
 from orchestrator import lease, tracking
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -59,13 +60,13 @@ def test_second_driver_is_refused_naming_the_holder_and_a_killed_one_frees_the_l
 def test_server_store_lease_is_the_parent_heartbeat() -> None:
     mine = lease.SweepLease("http://127.0.0.1:1", "s1")
     mine.acquire()  # no local file to lock
-    fresh = {lease.DRIVER_TAG: "pid 1 on elsewhere since x", lease.HEARTBEAT_TAG: f"{time.time() - 5:.0f}"}
+    fresh = {TAG_DRIVER: "pid 1 on elsewhere since x", TAG_DRIVER_HEARTBEAT: f"{time.time() - 5:.0f}"}
     with pytest.raises(lease.SweepBusy, match="pid 1 on elsewhere"):
         mine.check_parent(fresh)
-    stale = {**fresh, lease.HEARTBEAT_TAG: f"{time.time() - lease.LEASE_TIMEOUT_S - 1:.0f}"}
+    stale = {**fresh, TAG_DRIVER_HEARTBEAT: f"{time.time() - lease.LEASE_TIMEOUT_S - 1:.0f}"}
     mine.check_parent(stale)  # expired: taken over
     assert not lease.driver_alive("http://127.0.0.1:1", "s1", stale)
-    mine.check_parent({**fresh, lease.DRIVER_TAG: mine.holder.describe()})  # our own heartbeat
+    mine.check_parent({**fresh, TAG_DRIVER: mine.holder.describe()})  # our own heartbeat
 
 
 def _open_store(uri: str, barrier: Any) -> None:
@@ -96,7 +97,7 @@ def test_runs_of_a_lost_driver_are_closed_and_a_live_drivers_left_alone(tmp_path
     client = MlflowClient(uri)
     exp = tracking.ensure_experiment(client, "lost", None)
     parent = tracking.open_parent_run(client, exp, "s-lost", "lost", "a: 1\n")
-    client.set_tag(parent, lease.DRIVER_TAG, "pid 4242 on node-7 since 2026-01-01 00:00:00 UTC")
+    client.set_tag(parent, TAG_DRIVER, "pid 4242 on node-7 since 2026-01-01 00:00:00 UTC")
     child = client.create_run(exp, tags={"fp8lab.role": "trial", "fp8lab.sweep_id": "s-lost",
                                          "fp8lab.trial_id": "t1", "fp8lab.status": "RUNNING"}).info.run_id
     done = client.create_run(exp, tags={"fp8lab.role": "trial", "fp8lab.sweep_id": "s-lost",
@@ -114,7 +115,7 @@ def test_runs_of_a_lost_driver_are_closed_and_a_live_drivers_left_alone(tmp_path
     closed = client.get_run(child)
     assert closed.info.status == "KILLED" and closed.data.tags["fp8lab.status"] == "KILLED"
     assert closed.data.tags["fp8lab.reason"] == lease.DRIVER_LOST
-    assert closed.data.tags[lease.DRIVER_LOST_TAG].startswith("pid 4242 on node-7")
+    assert closed.data.tags[TAG_DRIVER_LOST].startswith("pid 4242 on node-7")
     assert client.get_run(parent).info.status == "KILLED"
     assert client.get_run(done).info.status == "FINISHED"
     assert tracking.close_lost_in_store(uri, "lost") == []  # nothing left to close

@@ -5,13 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from workloads import trial
-from workloads.precision.ladder import (
-    TAG_LADDER,
-    TAG_LADDER_BASE,
-    TAG_MECHANISM,
-    TAG_MECHANISM_DESC,
-    MECHANISMS,
-)
+from fp8lab_conf.contracts import TAG_LADDER, TAG_LADDER_BASE, TAG_MECHANISM, TAG_MECHANISM_DESC
+from workloads.precision.ladder import MECHANISMS
 from workloads.precision.policy import get_policy
 
 

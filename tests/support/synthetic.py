@@ -1,8 +1,9 @@
 """Synthetic sweeps written to MLflow with the layout of docs/contracts.md, values known exactly.
 
-For the report's tests, its benchmark and demos: lets `generate_report` run against a real
-tracking store (SQLite) without training anything. Writes are batched (`log_batch`), so 200 runs
-take seconds, not minutes. Not used by the report itself.
+For the report's tests and its benchmark (benchmarks/report_bench.py): lets `generate_report` run
+against a real tracking store (SQLite) without training anything. Writes are batched (`log_batch`),
+so 200 runs take seconds, not minutes. It lives under tests/ because it is test data, not product;
+the benchmark imports it from here too (it puts the repository root on sys.path, as the tests do).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from fp8lab_conf.contracts import (
+    ROLE_SWEEP, ROLE_TRIAL, TAG_ABLATION, TAG_AXIS_PREFIX, TAG_BACKEND, TAG_DEVICE, TAG_DIVERGED_STEP, TAG_EMULATED,
+    TAG_POLICY, TAG_REASON, TAG_ROLE, TAG_SEED, TAG_STATUS, TAG_SWEEP_ID, TAG_TRIAL_ID,
+)
 
 KINDS = ("activation", "weight", "dgrad", "wgrad", "lora_weight")
 _BATCH = 1000  # MLflow's log_batch limit on metrics per call
@@ -144,8 +150,8 @@ def write_sweep(
     parent_id = None
     if parent:
         tags = {
-            "fp8lab.role": "sweep",
-            "fp8lab.sweep_id": sweep_id,
+            TAG_ROLE: ROLE_SWEEP,
+            TAG_SWEEP_ID: sweep_id,
             "mlflow.runName": f"sweep-{sweep_id}",
             **(parent_tags or {}),
         }
@@ -166,25 +172,25 @@ def write_sweep(
     for i, t in enumerate(trials):
         start = now + 1000 * (i + 1) + int(t.start_offset_s * 1000)
         tags = {
-            "fp8lab.role": "trial",
-            "fp8lab.sweep_id": sweep_id,
-            "fp8lab.trial_id": t.resolved_trial_id(),
-            "fp8lab.policy": t.policy,
-            "fp8lab.seed": str(t.seed),
-            "fp8lab.backend": t.backend,
-            "fp8lab.emulated": "true" if t.emulated else "false",
-            "fp8lab.device": t.device,
-            "fp8lab.status": t.status,
-            "fp8lab.ablation": t.ablation,
+            TAG_ROLE: ROLE_TRIAL,
+            TAG_SWEEP_ID: sweep_id,
+            TAG_TRIAL_ID: t.resolved_trial_id(),
+            TAG_POLICY: t.policy,
+            TAG_SEED: str(t.seed),
+            TAG_BACKEND: t.backend,
+            TAG_EMULATED: "true" if t.emulated else "false",
+            TAG_DEVICE: t.device,
+            TAG_STATUS: t.status,
+            TAG_ABLATION: t.ablation,
             "mlflow.runName": t.run_name(),
         }
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
         if t.reason:
-            tags["fp8lab.reason"] = t.reason
+            tags[TAG_REASON] = t.reason
         if t.diverged_step is not None:
-            tags["fp8lab.diverged_step"] = str(t.diverged_step)
-        tags.update({f"fp8lab.axis.{k}": str(v) for k, v in t.axes.items()})
+            tags[TAG_DIVERGED_STEP] = str(t.diverged_step)
+        tags.update({f"{TAG_AXIS_PREFIX}{k}": str(v) for k, v in t.axes.items()})
         tags.update(t.tags)
         run_id = client.create_run(exp_id, start_time=start, tags=tags).info.run_id
         loss = loss_curve(t, n_steps)
