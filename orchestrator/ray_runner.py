@@ -168,8 +168,10 @@ def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
     board.update.remote(launch.trial_id, {"state": "RUNNING", "step": 0})
 
     def progress(step: int, metrics: dict[str, float]) -> None:
-        board.update.remote(launch.trial_id, {"step": step, "loss": metrics.get("train/loss"),
-                                              "tokens_per_s": metrics.get("train/tokens_per_s_window")})
+        fields = {"step": step, "loss": metrics.get("train/loss"), "tokens_per_s": metrics.get("train/tokens_per_s_window")}
+        if metrics.get("health"):  # the health verdict's line, on the verdict step only (docs/health.md)
+            fields["health"] = metrics["health"]
+        board.update.remote(launch.trial_id, fields)
 
     result = run(launch.config, launch.trial_id, launch.run_id, launch.tracking_uri, launch.policy_label, progress)
     result["task_wall_s"] = time.time() - started  # the slot was busy this long (imports included)
