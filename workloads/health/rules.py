@@ -48,15 +48,17 @@ class Verdict:
     verdict: str
     step: int
     reasons: tuple[str, ...] = ()
-    missing: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()  # every metric a rule needed and the step lacked
+    unchecked: tuple[str, ...] = ()  # doomed rules that could not be evaluated for lack of a metric
 
     def line(self) -> str:
-        """One line for the progress table and the logs."""
+        """One line for the progress table and the logs: the verdict, why, and which doomed rule
+        could not be checked (at-risk rules on absent FP8 kinds, e.g. in bf16, are not news)."""
         text = self.verdict.replace("_", " ")
         if self.reasons:
             text += ": " + "; ".join(self.reasons)
-        if self.missing:
-            text += f" (not checked, missing: {', '.join(self.missing)})"
+        if self.unchecked:
+            text += f" (not checked: {'; '.join(self.unchecked)})"
         return text
 
 
@@ -77,18 +79,21 @@ class HealthRules:
         """The most severe verdict whose every condition holds; reasons name the values."""
         fired: dict[str, list[str]] = {v: [] for v in VERDICTS}
         missing: list[str] = []
+        unchecked: list[str] = []
         for rule in self.rules:
             absent = [c.metric for c in rule.when if c.metric not in signals]
             if absent:
                 missing += [m for m in absent if m not in missing]
+                if rule.verdict == "doomed":
+                    unchecked.append(f"{rule.why}, no {', '.join(absent)}")
                 continue
             if all(c.holds(float(signals[c.metric])) for c in rule.when):
                 values = ", ".join(c.describe(float(signals[c.metric])) for c in rule.when)
                 fired[rule.verdict].append(f"{rule.why} ({values})")
         for verdict in reversed(VERDICTS[1:]):
             if fired[verdict]:
-                return Verdict(verdict, step, tuple(fired[verdict]), tuple(missing))
-        return Verdict("healthy", step, (), tuple(missing))
+                return Verdict(verdict, step, tuple(fired[verdict]), tuple(missing), tuple(unchecked))
+        return Verdict("healthy", step, (), tuple(missing), tuple(unchecked))
 
 
 def rule_problems(rules: Any, path: str = "health.rules") -> list[str]:

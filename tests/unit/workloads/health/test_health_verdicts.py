@@ -65,6 +65,7 @@ def test_frozen_adapters_are_doomed(rules: HealthRules) -> None:
     assert verdict.verdict == "doomed"
     assert "adapters frozen" in verdict.reasons[0] and "health/adapter_movement_min=0" in verdict.reasons[0]
     assert METRIC_HEALTH_LOSS_VS_REF in verdict.missing  # no reference trial: said, not guessed
+    assert verdict.line().endswith("(not checked: loss far above the reference trial's, no health/loss_vs_ref)")
 
 
 def test_healthy_run_moves_its_adapters_and_is_healthy(rules: HealthRules) -> None:
