@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import fmt
+from analysis.early_warning import early_warning_blocks
 from analysis.figures import FigureArtifact
 from analysis.load import SweepRef
 from analysis.options import ReportOptions
@@ -226,13 +227,15 @@ def intro_blocks(inp: ReportInputs) -> list[Block]:
     n_counted = int(t["counted"].sum()) if len(t) else 0
     n_failed = int((t["status"] == "FAILED").sum()) if len(t) else 0
     n_incomplete = int((t["status"] == "INCOMPLETE").sum()) if len(t) else 0
+    n_stopped = int((t["status"] == "STOPPED_EARLY").sum()) if len(t) else 0
     n_reused = int(t["reused"].sum()) if len(t) and "reused" in t else 0
     blocks: list[Block] = [
         Para(
             f"Report of {_scope_text(inp)}, tracking store `{inp.tracking_uri}`, generated {inp.generated_at}. "
             f"{len(t)} trial(s) from {len(t) + len(inp.superseded)} MLflow run(s): {n_counted} counted "
             f"(FINISHED or DIVERGED), {n_failed} failed, {n_incomplete} incomplete, "
-            f"{len(inp.superseded)} superseded retries."
+            + (f"{n_stopped} stopped early (see Early warning), " if n_stopped else "")
+            + f"{len(inp.superseded)} superseded retries."
             + (f" {n_reused} trial(s) finished in an earlier sweep and were reused (same trial id)." if n_reused else "")
             + (f" Logged to parent run `{inp.logged_to}` under `report/`." if inp.logged_to else "")
         )
@@ -507,6 +510,7 @@ def build_document(inp: ReportInputs) -> Document:
     for section in (intro_blocks, verdict_blocks, summary_blocks, figure_blocks, mechanism_blocks, cost_blocks,
                     problem_blocks):  # fmt: skip
         blocks += section(inp)
+    blocks += early_warning_blocks(inp.trials, inp.options)
     blocks += [Heading("Environment"), Bullets([f"{k}: {v}" for k, v in inp.environment])]
     blocks += statistics_blocks(inp)
     title = "fp8lab report — " + (inp.ref.experiment_name or "experiment")

@@ -4,12 +4,13 @@ The raw frame follows `mlflow.search_runs`' column convention (`tags.*`, `params
 `metrics.*` plus `run_id`, `run_name`, `mlflow_status`, `start_time`), so tests can build it by
 hand. This module decides what a run *is* for the statistics:
 
-- status: FINISHED / DIVERGED / FAILED from tag `fp8lab.status` (MLflow's own status says FINISHED
+- status: FINISHED / DIVERGED / STOPPED_EARLY / FAILED from tag `fp8lab.status` (MLflow's own status says FINISHED
   for diverged trials), INCOMPLETE when MLflow says RUNNING / SCHEDULED / KILLED, and FAILED when
   MLflow says FAILED whatever the tag says (someone marked the run failed after the trial ended:
   its numbers are not trusted). Only FINISHED
   and DIVERGED trials are *counted* (a diverged seed is part of what a policy delivers; dropping it
-  would flatter unstable policies). FAILED and INCOMPLETE runs are listed, never averaged.
+  would flatter unstable policies). STOPPED_EARLY (the health verdict stopped it, docs/health.md),
+  FAILED and INCOMPLETE runs are listed, never averaged.
 - retries: one row per `fp8lab.trial_id`; the FINISHED run wins, then DIVERGED, FAILED,
   INCOMPLETE, then the latest start time. The others are kept aside as "superseded".
 """
@@ -29,8 +30,11 @@ from fp8lab_conf.contracts import (
     TAG_LADDER_BASE, TAG_MECHANISM, TAG_MECHANISM_DESC, TAG_POLICY, TAG_REASON, TAG_SEED, TAG_STATUS, TAG_SWEEP_ID,
     TAG_TRIAL_ID,
 )
+from fp8lab_conf.contracts import (METRIC_EVAL_WALL_S, METRIC_STEPS_DONE, METRIC_TRIAL_WALL_S, STATUS_STOPPED_EARLY,
+                                   TAG_HEALTH_MISSING, TAG_HEALTH_REASONS, TAG_HEALTH_STEP, TAG_HEALTH_VERDICT,
+                                   TAG_STOPPED_EARLY)
 
-STATUSES = ("FINISHED", "DIVERGED", "FAILED", "INCOMPLETE")
+STATUSES = ("FINISHED", "DIVERGED", STATUS_STOPPED_EARLY, "FAILED", "INCOMPLETE")
 COUNTED = ("FINISHED", "DIVERGED")
 _STATUS_RANK = {s: i for i, s in enumerate(STATUSES)}
 _INCOMPLETE_MLFLOW = {"RUNNING", "SCHEDULED", "KILLED"}
@@ -53,6 +57,9 @@ FIXED_METRICS = {
     "lora_std_min": METRIC_LORA_WEIGHT_STD_MIN,
     "lora_std": METRIC_LORA_WEIGHT_STD,
     "eval_n": "eval/n",
+    "trial_wall_s": METRIC_TRIAL_WALL_S,
+    "eval_wall_s": METRIC_EVAL_WALL_S,
+    "steps_done": METRIC_STEPS_DONE,
 }
 # Tags of docs/contracts.md read here -> tidy column.
 TAG_COLUMNS = {
@@ -61,6 +68,11 @@ TAG_COLUMNS = {
     "ladder_base": TAG_LADDER_BASE,
     "mechanism": TAG_MECHANISM,
     "mechanism_desc": TAG_MECHANISM_DESC,
+    "health_verdict": TAG_HEALTH_VERDICT,
+    "health_reasons": TAG_HEALTH_REASONS,
+    "health_missing": TAG_HEALTH_MISSING,
+    "health_step": TAG_HEALTH_STEP,
+    "stopped_early": TAG_STOPPED_EARLY,
 }
 TELEMETRY_KINDS = ("activation", "weight", "dgrad", "wgrad", "lora_weight")
 TEL_PREFIX = "tel."
@@ -116,7 +128,7 @@ def classify_status(mlflow_status: str, tag_status: str) -> str:
         return "INCOMPLETE"
     if str(mlflow_status).upper() == "FAILED":
         return "FAILED"
-    return tag if tag in ("FINISHED", "DIVERGED", "FAILED") else "FINISHED"
+    return tag if tag in ("FINISHED", "DIVERGED", "FAILED", STATUS_STOPPED_EARLY) else "FINISHED"
 
 
 def tidy_runs(raw: pd.DataFrame, options: ReportOptions | None = None) -> pd.DataFrame:
@@ -166,6 +178,7 @@ def tidy_runs(raw: pd.DataFrame, options: ReportOptions | None = None) -> pd.Dat
     for col in sorted(c for c in raw.columns if _is_task_metric(c)):
         out[TASK_PREFIX + col[len("metrics.eval/") :]] = _num_col(raw, col)
     out["tokens_per_epoch"] = _tokens_per_epoch(raw, options)
+    out["train_steps"] = _num_col(raw, "params.train.steps")
     for col in sorted(c for c in raw.columns if c.startswith(AXIS_TAG_PREFIX)):
         out[AXIS_PREFIX + col[len(AXIS_TAG_PREFIX) :]] = _str_col(raw, col)
     return out.reset_index(drop=True)

@@ -63,7 +63,13 @@ TAG_DRIVER_LOST = "fp8lab.driver_lost"  # on runs closed because their driver di
 # --- model registry (fp8lab export --register) ------------------------------------------------
 TAG_EXPORT_FORMAT = "fp8lab.export_format"
 
-# --- health / early warning (filled in by the early-warning work) -----------------------------
+# --- health / early warning (docs/health.md) --------------------------------------------------
+STATUS_STOPPED_EARLY = "STOPPED_EARLY"  # fp8lab.status of a trial stopped at its verdict (no eval)
+TAG_STOPPED_EARLY = "fp8lab.stopped_early"  # why it was stopped (the verdict's reasons)
+TAG_HEALTH_VERDICT = "fp8lab.health.verdict"  # healthy | at_risk | doomed
+TAG_HEALTH_REASONS = "fp8lab.health.reasons"  # "; "-joined: the signals that decided the verdict
+TAG_HEALTH_MISSING = "fp8lab.health.missing"  # "; "-joined: signals a rule needed but the step lacked
+TAG_HEALTH_STEP = "fp8lab.health.step"  # the logged step the verdict was made at
 
 # --- metrics ----------------------------------------------------------------------------------
 METRIC_ACCURACY = "eval/accuracy"
@@ -79,6 +85,17 @@ METRIC_LORA_WEIGHT_STD = "train/lora_weight_std"
 METRIC_LORA_WEIGHT_STD_MIN = "train/lora_weight_std_min"
 METRIC_LR = "train/lr"
 METRIC_LOSS_SCALE = "fp8/loss_scale"
+METRIC_TRIAL_WALL_S = "trial/wall_s"
+METRIC_TRAIN_WALL_S = "train/wall_s"
+METRIC_EVAL_WALL_S = "eval/wall_s"
+METRIC_STEPS_DONE = "train/steps_done"
+# health signals (docs/health.md), logged at every logged step (loss_vs_ref at the verdict step)
+METRIC_HEALTH_MOVEMENT_MIN = "health/adapter_movement_min"  # min over adapters of ||dW||/||W_base||
+METRIC_HEALTH_MOVEMENT_MEDIAN = "health/adapter_movement_median"
+METRIC_HEALTH_STD_MIN = "health/lora_std_min"  # smallest std of any LoRA matrix
+METRIC_HEALTH_SKIPS = "health/grad_scaler_skips"  # optimizer steps the LoRA grad scaler skipped so far
+METRIC_HEALTH_REF_LOSS = "health/ref_loss"  # the reference (bf16) trial's train/loss at this step
+METRIC_HEALTH_LOSS_VS_REF = "health/loss_vs_ref"  # train/loss / health/ref_loss
 
 # --- artifacts --------------------------------------------------------------------------------
 TELEMETRY_PATH = "telemetry/telemetry.parquet"

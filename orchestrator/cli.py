@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from fp8lab_conf.contracts import STATUS_STOPPED_EARLY
 from orchestrator.errors import UserInputError
 
 EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
@@ -117,7 +118,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from orchestrator.single_trial import run_single_trial
 
     result = run_single_trial(config, args.overrides)
-    return {"FINISHED": 0, "DIVERGED": 0, "KILLED": EXIT_INTERRUPTED}.get(result["status"], EXIT_FAILED)
+    return {"FINISHED": 0, "DIVERGED": 0, STATUS_STOPPED_EARLY: 0, "KILLED": EXIT_INTERRUPTED}.get(result["status"], EXIT_FAILED)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -10,9 +10,10 @@ from typing import Any
 
 import ray
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-STATE_STYLE = {"FINISHED": "green", "DIVERGED": "yellow", "FAILED": "red", "KILLED": "red",
+STATE_STYLE = {"FINISHED": "green", "DIVERGED": "yellow", "STOPPED_EARLY": "yellow", "FAILED": "red", "KILLED": "red",
                "RUNNING": "cyan", "PENDING": "dim", "SKIPPED": "dim", "RETRYING": "magenta"}
 
 
@@ -34,10 +35,10 @@ class ProgressBoard:
 
 
 def render_table(specs: list[Any], rows: dict[str, dict[str, Any]], total_steps: int, title: str) -> Table:
-    """trial, state, step/total, loss, tokens/s, elapsed."""
+    """trial, state, step/total, loss, tokens/s, elapsed, health (the verdict once it is made)."""
     table = Table(title=title, expand=False)
-    for column in ("trial", "state", "step", "loss", "tokens/s", "elapsed"):
-        table.add_column(column, justify="right" if column not in ("trial", "state") else "left")
+    for column in ("trial", "state", "step", "loss", "tokens/s", "elapsed", "health"):
+        table.add_column(column, justify="right" if column not in ("trial", "state", "health") else "left")
     for spec in specs:
         row = rows.get(spec.trial_id, {})
         state = row.get("state", "PENDING")
@@ -49,8 +50,22 @@ def render_table(specs: list[Any], rows: dict[str, dict[str, Any]], total_steps:
             _fmt(row.get("loss"), ".4f"),
             _fmt(row.get("tokens_per_s"), ".0f"),
             f"{ended - started:.0f}s" if started else "-",
+            health_cell(row.get("health")),
         )
     return table
+
+
+HEALTH_STYLE = {"healthy": "green", "at risk": "yellow", "doomed": "red"}
+
+
+def health_cell(line: str | None, width: int = 70) -> str:
+    """The verdict word coloured, then its reasons, cut to `width` (the full line is a run tag)."""
+    if not line:
+        return "-"
+    word = next((w for w in HEALTH_STYLE if line.startswith(w)), "")
+    rest = line[len(word):]
+    text = rest if len(word) + len(rest) <= width else rest[: max(0, width - len(word) - 1)] + "…"
+    return (f"[{HEALTH_STYLE[word]}]{word}[/]" if word else "") + escape(text)
 
 
 def summary_table(specs: list[Any], results: dict[str, dict[str, Any]], title: str) -> Table:

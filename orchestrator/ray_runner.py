@@ -136,8 +136,10 @@ def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
     board.update.remote(launch.trial_id, {"state": "RUNNING", "step": 0})
 
     def progress(step: int, metrics: dict[str, float]) -> None:
-        board.update.remote(launch.trial_id, {"step": step, "loss": metrics.get(METRIC_LOSS),
-                                              "tokens_per_s": metrics.get(METRIC_TOKENS_PER_S_WINDOW)})
+        fields = {"step": step, "loss": metrics.get(METRIC_LOSS), "tokens_per_s": metrics.get(METRIC_TOKENS_PER_S_WINDOW)}
+        if metrics.get("health"):  # the health verdict's line, on the verdict step only (docs/health.md)
+            fields["health"] = metrics["health"]
+        board.update.remote(launch.trial_id, fields)
 
     result = run(launch, progress)
     result["task_wall_s"] = time.time() - started  # the slot was busy this long (imports included)

@@ -118,6 +118,11 @@ SCHEMA: dict[str, Any] = {
         "system_instruction": _str("You are a careful assistant.", nullable=True),
         "before_training": _BOOL,
     },
+    "health": {
+        "at": _pos_float("0.1"),
+        "reference_policy": _str("bf16"),
+        "rules": Rule((list,), "a non-empty list of rules", "see conf/health/default.yaml"),  # entries: _check_health
+    },
     "tracking": {
         "uri": _str("sqlite:///mlflow.db"),
         "artifact_location": _str("/path/to/artifacts", nullable=True),
@@ -144,6 +149,7 @@ SCHEMA: dict[str, Any] = {
         "name": _str("fp8lab-default"),
         "axes": _OPEN_DICT,
         "max_retries": _int("an integer >= 0", "1", lo=0),
+        "early_stop": _BOOL,
         "report": _BOOL,
     },
     "fault": {
@@ -167,6 +173,7 @@ def validate_config(cfg: dict) -> list[str]:
     _walk(cfg, SCHEMA, "", problems)
     problems += _check_axes(cfg.get("sweep", {}).get("axes"), cfg)
     problems += _check_eval(cfg.get("eval"))
+    problems += _check_health(cfg.get("health"), cfg.get("train"))
     return problems
 
 
@@ -239,6 +246,23 @@ def _check_eval(ev: Any) -> list[str]:
     if ev.get("fewshot_as_multiturn") is True and ev.get("apply_chat_template") is False:
         problems.append("eval.fewshot_as_multiturn: needs a chat template (fix: eval.apply_chat_template=true, "
                         "or eval.fewshot_as_multiturn=false)")
+    return problems
+
+
+def _check_health(health: Any, train: Any) -> list[str]:
+    """`health.at` names a step of this run; each rule of `health.rules` is well formed."""
+    if not isinstance(health, dict):
+        return []
+    from workloads.health.rules import rule_problems  # torch-free: the rules engine is pure Python
+
+    problems = rule_problems(health["rules"]) if isinstance(health.get("rules"), list) else []
+    at, steps = health.get("at"), (train or {}).get("steps") if isinstance(train, dict) else None
+    if isinstance(at, (int, float)) and not isinstance(at, bool) and at >= 1 and isinstance(steps, int):
+        if not float(at).is_integer():
+            problems.append(f"health.at: {at!r} is neither a fraction < 1 nor a step number (fix: health.at=0.1 or health.at={int(at)})")
+        elif at > steps:
+            problems.append(f"health.at: step {int(at)} is after the last step, train.steps={steps} "
+                            f"(fix: health.at={max(1, steps // 10)} or a fraction such as health.at=0.1)")
     return problems
 
 

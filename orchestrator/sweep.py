@@ -148,6 +148,10 @@ def _wait_with_table(plan: SweepPlan, refs: dict, board: Any, results: dict, con
             if last_state.get(trial_id) != state:
                 last_state[trial_id] = state
                 console.print(f"[{time.strftime('%H:%M:%S')}] {names.get(trial_id, trial_id)}: {state}")
+            if row.get("health") and last_state.get(trial_id + "/health") != row["health"]:
+                last_state[trial_id + "/health"] = row["health"]
+                console.print(f"[{time.strftime('%H:%M:%S')}] {names.get(trial_id, trial_id)}: health {row['health']}",
+                              markup=False)
 
     def on_result(trial_id: str, result: dict[str, Any]) -> None:
         results[trial_id] = result

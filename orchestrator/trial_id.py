@@ -20,6 +20,7 @@ NON_SEMANTIC_KEYS: tuple[str, ...] = (
     "cluster",
     "sweep",
     "report",
+    "health",  # the early warning only watches; stopping is sweep.early_stop, and a stopped trial is rerun
     "train.num_threads",
     "train.log_every",
     "train.device",

@@ -17,10 +17,12 @@ from transformers import get_scheduler
 
 from fp8lab_conf.contracts import (
     METRIC_GRAD_NORM, METRIC_LORA_WEIGHT_STD, METRIC_LOSS, METRIC_LOSS_SCALE, METRIC_LR, METRIC_TOKENS_PER_S_WINDOW,
-    TAG_RESUMED_FROM_STEP,
+    STATUS_STOPPED_EARLY, TAG_RESUMED_FROM_STEP,
 )
 
-ProgressFn = Callable[[int, dict[str, float]], None]
+ProgressFn = Callable[[int, dict[str, Any]], None]
+# The health verdict's line rides along with the progress update of the verdict step (not logged).
+HEALTH_FIELD = "health"
 
 
 @dataclass(frozen=True)
@@ -37,13 +39,14 @@ class LoopSettings:
 
 @dataclass
 class TrainResult:
-    status: str = "FINISHED"  # FINISHED | DIVERGED
+    status: str = "FINISHED"  # FINISHED | DIVERGED | STOPPED_EARLY (doomed at the health verdict)
     steps_done: int = 0
     final_loss: float = math.nan
     tokens: int = 0
     wall_s: float = 0.0
     diverged_step: int | None = None
     underflow_events: int = 0
+    verdict: str = ""  # the health verdict's line, when one was made (docs/health.md)
     telemetry_rows: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -81,8 +84,9 @@ def lora_weight_std(params: list[torch.nn.Parameter]) -> torch.Tensor:
 def run_training(model: Any, handle: Any, telemetry: Any, make_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]],
                  settings: LoopSettings, logger: Any, progress: ProgressFn | None = None,
                  before_step: Callable[[int, list[torch.nn.Parameter]], None] | None = None,
-                 checkpointer: Any = None) -> TrainResult:
-    """Train for `settings.steps`, logging every `log_every` steps; stop early on divergence.
+                 checkpointer: Any = None, health: Any = None) -> TrainResult:
+    """Train for `settings.steps`, logging every `log_every` steps; stop early on divergence, or
+    when `health` (a workloads.health.monitor.HealthMonitor) calls the trial doomed and may stop it.
 
     `make_batches(start_step)` yields the batches after `start_step` (the same ones a run from
     scratch would see there), so a run resumed from a checkpoint continues exactly."""
@@ -105,21 +109,27 @@ def run_training(model: Any, handle: Any, telemetry: Any, make_batches: Callable
         result.tokens += n_tokens
         result.steps_done = step
         if step % settings.log_every == 0 or step == settings.steps or record:
-            extras = {"loss": loss, "grad_norm": grad_norm, "first_bad": first_bad, "lora_std": lora_weight_std(params)}
+            extras = {"loss": loss, "grad_norm": grad_norm, "first_bad": first_bad, "lora_std": lora_weight_std(params),
+                      **(health.device_signals() if health else {})}
             report = telemetry.end_step(extras)  # SYNC: the one transfer of this step (None if not recording)
             values = report.metrics if report else _sync_scalars(extras)
             now = time.perf_counter()
             metrics = _step_metrics(values, optimizer, handle, window_tokens / max(now - window_start, 1e-9))
             window_tokens, window_start = 0, now
-            result.final_loss = metrics["train/loss"]
+            result.final_loss = metrics[METRIC_LOSS]
             if report:
                 result.telemetry_rows += report.rows
                 result.underflow_events = int(report.metrics["underflow/events"])
+            verdict = health.observe(step, metrics) if health else None  # host-side signals; the verdict step judges
             logger.log_step(step, metrics)
             if progress:
-                progress(step, metrics)
+                progress(step, {**metrics, HEALTH_FIELD: verdict.line()} if verdict else metrics)
             if values["first_bad"] >= 0:
                 result.status, result.diverged_step = "DIVERGED", int(values["first_bad"])
+                break
+            result.verdict = verdict.line() if verdict else result.verdict
+            if health and health.stops(verdict):
+                result.status = STATUS_STOPPED_EARLY
                 break
         if checkpointer and checkpointer.due(step) and step < settings.steps:
             result.wall_s = prior_wall + time.perf_counter() - started

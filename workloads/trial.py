@@ -20,7 +20,7 @@ import torch
 from fp8lab_conf.contracts import (
     TAG_ABLATION, TAG_ADAPTER_ERROR, TAG_BACKEND, TAG_BACKEND_REASON, TAG_CUDA_VISIBLE_DEVICES, TAG_DEVIATIONS, TAG_DEVICE,
     TAG_DIVERGED_STEP, TAG_EMULATED, TAG_EVAL_AGGREGATE, TAG_EVAL_PRIMARY, TAG_HOST, TAG_POLICY_VERSION, TAG_RAY_NODE_ID,
-    TAG_RAY_RESOURCES, TAG_REASON, TAG_STATUS, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, TrialLaunch,
+    TAG_RAY_RESOURCES, TAG_REASON, STATUS_STOPPED_EARLY, TAG_STATUS, TAG_STOPPED_EARLY, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, TrialLaunch,
 )
 from workloads import data as data_mod
 from workloads.eval_metrics import (PRIMARY_MEAN, configured_tasks, eval_data_dirs, primary_figure, safe_name,
@@ -35,6 +35,10 @@ from workloads.precision.ladder import ladder_tags
 from workloads.precision.policy import get_policy
 from workloads.precision.telemetry import Fp8Telemetry
 from workloads.export.adapter import ADAPTER_ARTIFACT, save_adapter
+from workloads.health.monitor import HealthMonitor, verdict_step
+from workloads.health.reference import mlflow_reference
+from workloads.health.rules import HealthRules
+from workloads.health.signals import AdapterProbe, base_weight_norms
 from workloads.inputs import run_inputs
 from workloads.tracking import MlflowTrialLogger, SystemMetrics, write_parquet
 from workloads.train_loop import LoopSettings, ProgressFn, TrainResult, run_training
@@ -76,12 +80,14 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, logger: MlflowTrialLogger,
     model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
     train_data = _training_data(config, tokenizer, paths.data_dir, logger)
     model = attach_lora(model, config["lora"], config["seed"])
+    base_norms = base_weight_norms(model)  # before the backend converts base layers: their BF16 norms
     policy = get_policy(config["precision"]["policy"]).with_switches(**(config["precision"]["switches"] or {}))
     tele_cfg = config["precision"]["telemetry"]
     telemetry = Fp8Telemetry(underflow_threshold_pct=tele_cfg["underflow_threshold_pct"])
     base_metrics = _evaluate(model, tokenizer, config, device, prefix="eval/base_") if config["eval"]["before_training"] else {}
     choice = select_backend(config["precision"]["backend"], device)
     handle = apply_backend(model, policy, telemetry, choice)
+    probe = AdapterProbe(model, base_norms)  # after: it watches the parameters the optimizer updates
     result.update(backend=handle.backend, emulated=bool(handle.emulated), deviations=list(handle.deviations))
     logger.set_tags({TAG_BACKEND_REASON: choice.reason[:5000], TAG_DEVIATIONS: "; ".join(handle.deviations)[:5000]})
     _log_setup(logger, config, result, handle, policy)
@@ -94,22 +100,40 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, logger: MlflowTrialLogger,
     model.train()
     faults = FaultInjector(config.get("fault"))
     checkpointer = _checkpointer(config, ctx, logger)
+    health = _health_monitor(config, ctx, settings, probe, handle, logger)
     train = run_training(model, handle, telemetry, make_batches, settings, logger, progress,
-                         before_step=faults.before_step, checkpointer=checkpointer)
+                         before_step=faults.before_step, checkpointer=checkpointer, health=health)
     if checkpointer:
         checkpointer.remove()  # training is over: the checkpoint has served its purpose
     metrics = {**base_metrics, **_train_metrics(train, memory, handle)}
     if train.status == "DIVERGED":
         result.update(status="DIVERGED", reason=f"non-finite loss at step {train.diverged_step}",
                       diverged_step=train.diverged_step)
+    elif train.status == STATUS_STOPPED_EARLY:  # no evaluation: that is the compute early stop saves
+        result.update(status=STATUS_STOPPED_EARLY, reason=f"stopped early at step {train.steps_done}: {train.verdict}",
+                      stopped_step=train.steps_done)
     else:
         metrics.update(_evaluate(model, tokenizer, config, device, logger=logger))
     metrics["train/tokens_per_epoch"] = float(train_data.attention_mask.sum())
+    if train.verdict:
+        result["health"] = train.verdict
     result["metrics"] = metrics
     logger.log_final(metrics, step=train.steps_done)  # at the last step, so MLflow's latest value is the final one
     _log_telemetry(logger, train)
     if result["status"] == "FINISHED" and config["tracking"].get("log_adapter", True):
         _log_adapter(logger, model)
+
+
+def _health_monitor(config: dict[str, Any], ctx: TrialLaunch, settings: LoopSettings, probe: AdapterProbe,
+                    handle: Any, logger: MlflowTrialLogger) -> HealthMonitor:
+    """Signals at every logged step, the verdict at `health.at`, the stop if `sweep.early_stop`."""
+    cfg = config["health"]
+    step, note = verdict_step(float(cfg["at"]), settings.steps, settings.log_every, settings.telemetry_every)
+    if note:
+        log.info("health: %s", note)
+    reference = mlflow_reference(ctx.tracking_uri, ctx.run_id, cfg["reference_policy"])
+    return HealthMonitor(probe, handle, HealthRules.from_config(cfg["rules"]), step,
+                         bool(config["sweep"].get("early_stop", False)), reference, logger)
 
 
 def _checkpointer(config: dict[str, Any], ctx: TrialLaunch, logger: MlflowTrialLogger) -> Checkpointer | None:
@@ -300,6 +324,8 @@ def _close_run(logger: MlflowTrialLogger, result: dict[str, Any], log_path: Path
         tags = {TAG_STATUS: result["status"], TAG_REASON: result["reason"][:5000]}
         if result.get("diverged_step") is not None:
             tags[TAG_DIVERGED_STEP] = result["diverged_step"]
+        if result["status"] == STATUS_STOPPED_EARLY:
+            tags[TAG_STOPPED_EARLY] = result["reason"][:5000]
         logger.log_step(int(result["metrics"].get("train/steps_done", 0)), {"trial/wall_s": result["metrics"]["trial/wall_s"]})
         logger.flush()
         logger.set_tags(tags)

@@ -85,3 +85,12 @@ def test_eval_task_and_tasks_together_is_one_line() -> None:
 def test_eval_section_rules(overrides: list[str], start: str) -> None:
     problems = validate_config(_config(*overrides))
     assert len(problems) == 1 and problems[0].startswith(start), problems
+
+
+def test_health_and_early_stop_problems_are_reported_together() -> None:
+    problems = validate_config(_config("health.at=500", "sweep.early_stop=maybe",
+                                       "health.rules=[{verdict:fatal,why:x,when:[{metric:train/loss,op:nonfinite}]}]"))
+    assert [p.split(":")[0] for p in problems] == ["sweep.early_stop", "health.rules[0].verdict", "health.at"]
+    assert "health.at: step 500 is after the last step, train.steps=400" in problems[2]
+    assert validate_config(_config("health.at=40", "sweep.early_stop=true")) == []
+    assert "health.at: must be a number > 0" in validate_config(_config("health.at=0"))[0]
