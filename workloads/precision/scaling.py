@@ -336,6 +336,10 @@ def expand_blocks(scale: torch.Tensor, tile: tuple[int, int], shape: torch.Size)
     return full[: shape[0], : shape[1]]
 
 
+def _zero_count(device: torch.device) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.int64, device=device)
+
+
 class TensorScaler:
     """Scaling state for one tensor of one layer (e.g. ``layers.3.q_proj`` activations).
 
@@ -353,6 +357,7 @@ class TensorScaler:
         self.calibrating = False
         self.amax_history: torch.Tensor | None = None  # delayed only; created on first use
         self.scale_inv: torch.Tensor | None = None  # last scale_inv used, for telemetry
+        self.last_amax: torch.Tensor | None = None  # amax|x| of the last quantize, when computed
         self._pos = 0  # next history slot (host int: indexing with it needs no sync)
         self._seen = 0
 
@@ -415,7 +420,7 @@ class TensorScaler:
             scaled = _mul_scale(work, scale.to(work.dtype), self.tile)
             self.scale_inv = scale.reciprocal()
         x_amax = amax if kind == "current" else None  # amax of x itself, when at hand
-        finite = False
+        finite, peak = False, None
         if x.device.type == "cpu" and x.numel() >= _FINITE_CHECK_NUMEL:
             if kind in ("current", "block"):  # the scale came from x's amax: |x * scale| <~ fmax
                 finite = bool(torch.isfinite(amax).all())
@@ -423,7 +428,13 @@ class TensorScaler:
                 x_amax = tensor_amax(x)  # delayed needs it for the history anyway
                 peak = x_amax if scale is None else x_amax * scale  # exact, or the same rounding
                 finite = bool(torch.isfinite(peak))
-        saturated = self._count_saturated(scaled) if count_saturated else None
+        saturated = None
+        if count_saturated:
+            # On CPU, a finite peak |x| * scale within fmax means nothing saturates (the multiply
+            # is monotonic): skip the counting pass; the count is 0 either way.
+            fits = finite and kind in ("delayed", "none") and bool(peak <= self.fmt.max)
+            saturated = _zero_count(scaled.device) if fits else self._count_saturated(scaled)
+        self.last_amax = x_amax
         if finite:
             fmax = self.fmt.max
             clamped = scaled.clamp_(-fmax, fmax) if scaled is not x else x.clamp(-fmax, fmax)
@@ -459,7 +470,7 @@ class TensorScaler:
             # The scale came from this very tensor's (tile's) amax: nothing exceeds fmax beyond
             # FP32 rounding (none at all with power-of-2 scales), so skip the pass. NaN/Inf
             # are reported as non-finite instead.
-            return torch.zeros((), dtype=torch.int64, device=scaled.device)
+            return _zero_count(scaled.device)
         return torch.count_nonzero(scaled.abs() > self.fmt.max)
 
     def reset(self) -> None:
