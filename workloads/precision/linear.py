@@ -77,10 +77,14 @@ class CastSite:
         recording = tel is not None and tel.recording
         if scaler.recipe.kind in _STATELESS_KINDS:  # siblings fed the same x share one cast
             return _SHARED_CASTS.get(x, dtype, self, recording)
+        return self.uncached(x, dtype, recording)
+
+    def uncached(self, x: torch.Tensor, dtype: torch.dtype, recording: bool) -> torch.Tensor:
+        """This site's own cast of ``x`` (reported to telemetry when ``recording``)."""
         if not recording:
-            return scaler.quantize_dequantize(x, dtype)
+            return self.scaler.quantize_dequantize(x, dtype)
         x_dq, stats = self.cast_with_stats(x, dtype)
-        tel.record_stats(self.layer, self.kind, x.numel(), stats)
+        self.telemetry.record_stats(self.layer, self.kind, x.numel(), stats)
         return x_dq
 
     def cast_with_stats(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,6 +124,8 @@ class _SharedCastCache:
         """``site``'s cast of ``x``; on a recorded step also its telemetry row (the shared
         cast's stats are the same numbers, so they are computed once too)."""
         scaler = site.scaler
+        if x.is_inference():  # inference-mode tensors have no version counter: no sharing
+            return site.uncached(x, dtype, recording)
         key = (x._version, x.shape, x.stride(), x.storage_offset(), x.dtype, dtype,
                scaler.fmt.name, scaler.recipe, recording)  # fmt: skip
         for entry_key, ref, value, scale_inv, stats in self._entries:
@@ -251,7 +257,7 @@ class Fp8BaseLinear(nn.Module):
         # on the codes: no decoded copy of the weight, whose size would set the peak memory.
         self._weight_has_nan = has_nan_code(q.data)
         if not self.store_fp8:  # the FP8 copy is a cast of weight_hp at this version
-            self._weight_source = (self.weight_hp.data_ptr(), self.weight_hp._version)
+            self._weight_source = (weakref.ref(self.weight_hp), self.weight_hp._version)
         return q, saturated
 
     @property
@@ -274,8 +280,10 @@ class Fp8BaseLinear(nn.Module):
 
     def _cast_weight_hp(self, dtype: torch.dtype) -> torch.Tensor:
         """Cast ``weight_hp`` again when it changed since the FP8 copy was made, then decode."""
-        if self._weight_source != (self.weight_hp.data_ptr(), self.weight_hp._version):
-            self._quantize_weight(self.weight_hp, self.weight_spec)
+        src, seen = self.weight_hp, self._weight_source
+        if seen[0]() is src and seen[1] != src._version:  # written to in place: cast again
+            self._quantize_weight(src, self.weight_spec)
+        self._weight_source = (weakref.ref(src), src._version)  # a device move carries the codes
         return self._decode_stored(dtype)
 
     def _decode_stored(self, dtype: torch.dtype) -> torch.Tensor:

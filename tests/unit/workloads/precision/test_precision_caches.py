@@ -29,15 +29,8 @@ def _uncached(monkeypatch) -> None:
         x_dq = q.dequantize(dtype)
         return x_dq, cast_stats(x, x_dq, q.scale_inv, saturated, q.data, not q.may_have_nan)
 
-    def shared_get(cache, x, dtype, site, recording):
-        if not recording:
-            return site.scaler.quantize_dequantize(x, dtype)
-        x_dq, stats = site.cast_with_stats(x, dtype)
-        site.telemetry.record_stats(site.layer, site.kind, x.numel(), stats)
-        return x_dq
-
     monkeypatch.setattr(linear.CastSite, "cast_with_stats", cast_with_stats)
-    monkeypatch.setattr(linear._SharedCastCache, "get", shared_get)
+    monkeypatch.setattr(linear._SharedCastCache, "get", lambda cache, x, dtype, site, rec: site.uncached(x, dtype, rec))
     monkeypatch.setattr(linear._FrozenCast, "get", lambda cache, source, dtype, compute: compute())
 
 
@@ -123,3 +116,11 @@ def test_skipped_saturation_count_is_the_count(kind, peak):
     scale = scaler.scale_inv.reciprocal() if scaler.scale_inv is not None else torch.tensor(1.0)
     expected = torch.count_nonzero((x.float() * scale).abs() > fmt.max)
     assert int(saturated) == int(expected) and (int(expected) > 0) == (peak > 1)
+
+
+def test_inference_mode_tensors_are_cast_without_the_cache():
+    site = linear.CastSite(CastSpec("e4m3", ScalingRecipe("current")), "activation", "a", "activation", None)
+    with torch.inference_mode():
+        x = torch.randn(64, 64).to(torch.bfloat16)
+        ref = TensorScaler(ScalingRecipe("current"), E4M3, "activation").quantize_dequantize(x, torch.bfloat16)
+        assert torch.equal(site(x, torch.bfloat16), ref)
