@@ -1,7 +1,7 @@
 """Telemetry overhead: trial step time with fp8lab's telemetry vs telemetry off (goal: <= 3%).
 
     python benchmarks/telemetry_overhead.py            # ~4 min: bf16 (the default trial), fp8_protected, fp8_naive
-    python benchmarks/telemetry_overhead.py --hidden 1024 --rounds 6   # the wide model of fp8_emulation.py
+    python benchmarks/telemetry_overhead.py --hidden 1024 --rounds 4   # the wide model (~6 min)
     python benchmarks/telemetry_overhead.py --smoke    # seconds, for CI
     python benchmarks/telemetry_overhead.py --json out.json --rounds 16
 
