@@ -28,6 +28,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
+# The load when the benchmark started (this module is imported first thing): a busy machine
+# at the start is the reason to rerun; the load at the end is recorded too.
+_LOAD_AT_START = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 # -- statistics --------------------------------------------------------------------------------
@@ -99,7 +102,8 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
-        "loadavg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "loadavg_at_start": _LOAD_AT_START,
+        "loadavg_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "git_commit": _git("rev-parse", "--short", "HEAD"),
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -4,6 +4,7 @@ torchao float8 training (``emulate=True``) on the same layers.
     python benchmarks/fp8_emulation.py             # ~4 min: default model and hidden 1024
     python benchmarks/fp8_emulation.py --smoke     # seconds, for CI
     python benchmarks/fp8_emulation.py --sizes 1024 --rounds 8 --json out.json
+    python benchmarks/fp8_emulation.py --sizes 1024 --policies all --json benchmarks/results/fp8_emulation_all.json
 
 Goals: fp8_protected and fp8_naive at most 1.5x bf16 at hidden 1024; fp8lab's emulation at
 least as fast as torchao's emulation of the same policy.
@@ -46,11 +47,27 @@ VARIANTS = [
 ]
 
 
-def measure(size: str, layers: int | None, rounds: int, chunk: int, with_torchao: bool) -> dict[str, Any]:
+def variants_for(policies: str) -> list[tuple[str, str, str]]:
+    """``VARIANTS`` by default; ``all``: bf16 plus every registered policy on the emulated
+    backend (the mechanism rungs included); else a comma list of policy names (emulated)."""
+    if not policies:
+        return VARIANTS
+    if policies == "all":
+        from workloads.precision.policy import available_policies
+
+        names = list(available_policies())
+    else:
+        names = policies.split(",")
+    names = ["bf16"] + [n for n in names if n != "bf16"]
+    return [(n, n, "emulated") for n in names]
+
+
+def measure(size: str, layers: int | None, rounds: int, chunk: int, with_torchao: bool,
+            variants: list[tuple[str, str, str]] = VARIANTS) -> dict[str, Any]:
     hidden = None if size == "default" else int(size)
     built = time.perf_counter()
     trials = {}
-    for name, policy, backend in VARIANTS:
+    for name, policy, backend in variants:
         if backend == "torchao" and not with_torchao:
             continue
         trials[name] = common.build_trial(policy, hidden=hidden, layers=layers if hidden else None,
@@ -82,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=0, help="rounds per size (0: 10 default, 6 wide)")
     parser.add_argument("--chunk", type=int, default=0, help="steps per variant per round (0: 5 default, 2 wide)")
     parser.add_argument("--no-torchao", action="store_true", help="skip the torchao variants")
+    parser.add_argument("--policies", default="",
+                        help="'all' (every registered policy, emulated) or a comma list; default: "
+                             "bf16, fp8_protected, fp8_naive and their torchao variants")
     parser.add_argument("--json", help="where to write the figures (default benchmarks/results/)")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -93,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         wide = size != "default"
         rounds = args.rounds or (6 if wide else 10)
         chunk = args.chunk or (2 if wide else 5)
-        results.append(measure(size, args.layers, rounds, chunk, with_torchao))
+        results.append(measure(size, args.layers, rounds, chunk, with_torchao, variants_for(args.policies)))
         common.free_memory()
     rows = []
     for res in results:
@@ -113,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                                   for n, v in r["variants"].items() if n != "bf16"} for r in results}
     path = common.write_json(args.json, NAME, {
         "smoke": args.smoke, "goal_x_bf16_at_1024": GOAL_VS_BF16, "torchao": with_torchao,
-        "summary": summary, "results": results, "command": "python benchmarks/fp8_emulation.py"})
+        "summary": summary, "results": results, "command": " ".join(["python", "benchmarks/fp8_emulation.py", *(sys.argv[1:] if argv is None else argv)])})
     print(f"\nJSON: {path}")
     return 0
 

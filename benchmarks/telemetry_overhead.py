@@ -1,6 +1,7 @@
 """Telemetry overhead: trial step time with fp8lab's telemetry vs telemetry off (goal: <= 3%).
 
-    python benchmarks/telemetry_overhead.py            # ~3 min: bf16 (the default trial) and fp8_protected
+    python benchmarks/telemetry_overhead.py            # ~4 min: bf16 (the default trial), fp8_protected, fp8_naive
+    python benchmarks/telemetry_overhead.py --hidden 1024 --rounds 4   # the wide model (~6 min)
     python benchmarks/telemetry_overhead.py --smoke    # seconds, for CI
     python benchmarks/telemetry_overhead.py --json out.json --rounds 16
 
@@ -81,12 +82,14 @@ def attach_item_loop(trial: common.InProcessTrial) -> ItemLoopMonitor:
     return monitor
 
 
-def build_variants(policy: str, logger_kind: str, store: Path) -> dict[str, common.InProcessTrial]:
+def build_variants(policy: str, logger_kind: str, store: Path, hidden: int | None = None,
+                   layers: int = 2) -> dict[str, common.InProcessTrial]:
+    size = {"hidden": hidden, "layers": layers if hidden else None}
     variants = {
-        "off": common.build_trial(policy, telemetry=False),
-        "default": common.build_trial(policy),
-        "every_step": common.build_trial(policy, telemetry_every=1),
-        "item_loop": common.build_trial(policy, telemetry=False),
+        "off": common.build_trial(policy, telemetry=False, **size),
+        "default": common.build_trial(policy, **size),
+        "every_step": common.build_trial(policy, telemetry_every=1, **size),
+        "item_loop": common.build_trial(policy, telemetry=False, **size),
     }
     attach_item_loop(variants["item_loop"])
     for name, trial in variants.items():
@@ -109,12 +112,13 @@ def mlflow_logger_factory(store: Path, run_name: str) -> Any:
     return lambda: logger
 
 
-def measure(policy: str, rounds: int, chunk: int, logger_kind: str, store: Path) -> dict[str, Any]:
-    variants = build_variants(policy, logger_kind, store)
+def measure(policy: str, rounds: int, chunk: int, logger_kind: str, store: Path,
+            hidden: int | None = None, layers: int = 2) -> dict[str, Any]:
+    variants = build_variants(policy, logger_kind, store, hidden, layers)
     for trial in variants.values():  # warm-up: first-call allocations, lazy imports
         trial.run_chunk(chunk)
     samples = common.interleave({n: (lambda t=t: t.run_chunk(chunk)) for n, t in variants.items()}, rounds)
-    out: dict[str, Any] = {"policy": policy, "chunk_steps": chunk, "rounds": rounds,
+    out: dict[str, Any] = {"policy": policy, "hidden": hidden or 128, "chunk_steps": chunk, "rounds": rounds,
                            "variants": common.compare(samples, "off")}
     for figures in out["variants"].values():
         for clock in figures.values():
@@ -127,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="a few steps, to check the script runs")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--chunk", type=int, default=10, help="steps per variant per round")
-    parser.add_argument("--policies", default="bf16,fp8_protected")
+    parser.add_argument("--policies", default="bf16,fp8_protected,fp8_naive")
+    parser.add_argument("--hidden", type=int, default=None,
+                        help="the wide model of fp8_emulation.py at this width (default: the embedded model)")
+    parser.add_argument("--layers", type=int, default=2, help="layers of the wide model")
     parser.add_argument("--logger", choices=["mlflow", "null"], default="mlflow")
     parser.add_argument("--json", help="where to write the figures (default benchmarks/results/)")
     args = parser.parse_args(argv)
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="fp8lab-bench-") as tmp:
         for policy in args.policies.split(","):
-            results.append(measure(policy, args.rounds, args.chunk, args.logger, Path(tmp)))
+            results.append(measure(policy, args.rounds, args.chunk, args.logger, Path(tmp), args.hidden, args.layers))
     rows = []
     for res in results:
         for name, v in res["variants"].items():
@@ -158,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                                                         for k in ("wall", "cpu")} for r in results}}
     path = common.write_json(args.json, NAME, {"smoke": args.smoke, "logger": args.logger,
                                                "summary": summary, "results": results,
-                                               "command": "python benchmarks/telemetry_overhead.py"})
+                                               "command": " ".join(["python", "benchmarks/telemetry_overhead.py",
+                                                                    *(sys.argv[1:] if argv is None else argv)])})
     line = ", ".join(f"{p}: wall {v['wall']:+.1f}% / cpu {v['cpu']:+.1f}%" for p, v in summary["default_overhead_pct"].items())
     print(f"\ndefault telemetry overhead: {line} (goal <= {GOAL_PCT:.0f}%)\nJSON: {path}")
     return 0

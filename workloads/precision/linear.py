@@ -74,42 +74,98 @@ class CastSite:
             scaler.observe(x)
             return x.to(dtype)
         tel = self.telemetry
-        if tel is None or not tel.recording:
-            if scaler.kind.plain:  # stateless: siblings fed the same x share one cast
-                return _PLAIN_CASTS.get(x, dtype, scaler)
-            return scaler.quantize_dequantize(x, dtype)
-        q, saturated = scaler.quantize(x, count_saturated=True)
-        x_dq = q.dequantize(dtype)
-        nan_free = not q.may_have_nan
-        tel.record_cast(self.layer, self.kind, x, x_dq, q.scale_inv, saturated, q.data, nan_free)
+        recording = tel is not None and tel.recording
+        if scaler.kind.shared_cast:  # siblings fed the same x share one cast
+            return _SHARED_CASTS.get(x, dtype, self, recording)
+        return self.uncached(x, dtype, recording)
+
+    def uncached(self, x: torch.Tensor, dtype: torch.dtype, recording: bool) -> torch.Tensor:
+        """This site's own cast of ``x`` (reported to telemetry when ``recording``)."""
+        if not recording:
+            return self.scaler.quantize_dequantize(x, dtype)
+        x_dq, stats = self.cast_with_stats(x, dtype)
+        self.telemetry.record_stats(self.layer, self.kind, x.numel(), stats)
         return x_dq
 
+    def cast_with_stats(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cast of a recorded step: quantize, dequantize and the telemetry stats vector."""
+        scaler = self.scaler
+        q, saturated = scaler.quantize(x, count_saturated=True)
+        x_dq = q.dequantize(dtype)
+        stats = cast_stats(x, x_dq, q.scale_inv, saturated, q.data, not q.may_have_nan,
+                           amax=scaler.last_amax)  # fmt: skip
+        return x_dq, stats
 
-class _PlainCastCache:
-    """The last plain (unscaled) cast, keyed by the input tensor itself.
 
-    A plain cast is a pure function of its input, and PEFT feeds the very same tensor to a base
-    linear and its ``lora_A`` (and attention feeds one tensor to q, k and v): plain-cast policies would
-    cast one activation six times. The entry is valid while the input is the same live object at
-    the same version (``_version`` counts in-place writes); it holds the input only weakly and
-    keeps one result, which the GEMMs keep alive anyway.
+class _SharedCastCache:
+    """The last few stateless casts (plain or per-tensor current scaling), keyed by the input
+    tensor itself.
+
+    A stateless cast is a pure function of its input, format and recipe, and PEFT feeds the very
+    same tensor to a base linear and its ``lora_A`` (and attention feeds one tensor to q, k and
+    v): a policy that casts every GEMM input would cast one activation six times. An entry is
+    valid while the input is the same live object at the same version (``_version`` counts
+    in-place writes); it holds the input only weakly. A few entries, because q's ``lora_B``
+    input comes between q's and k's casts of the shared input. On a hit the sibling's scaler
+    gets the same ``scale_inv`` it would have computed, so its state is as without the cache.
+    Unit tests compare the shared results with uncached casts bit for bit.
+    """
+
+    SIZE = 4
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[tuple[Any, ...], weakref.ref, torch.Tensor, Any, Any]] = []
+
+    def get(self, x: torch.Tensor, dtype: torch.dtype, site: CastSite, recording: bool) -> torch.Tensor:
+        """``site``'s cast of ``x``; on a recorded step also its telemetry row (the shared
+        cast's stats are the same numbers, so they are computed once too)."""
+        scaler = site.scaler
+        if x.is_inference():  # inference-mode tensors have no version counter: no sharing
+            return site.uncached(x, dtype, recording)
+        key = (x._version, x.shape, x.stride(), x.storage_offset(), x.dtype, dtype,
+               scaler.fmt.name, scaler.recipe, recording)  # fmt: skip
+        for entry_key, ref, value, scale_inv, stats in self._entries:
+            if ref() is x and entry_key == key:
+                scaler.scale_inv = scale_inv
+                break
+        else:
+            if recording:
+                value, stats = site.cast_with_stats(x, dtype)
+            else:
+                value, stats = scaler.quantize_dequantize(x, dtype), None
+            self._entries = [e for e in self._entries if e[1]() is not None][-(self.SIZE - 1) :]
+            self._entries.append((key, weakref.ref(x), value, scaler.scale_inv, stats))
+        if recording:
+            site.telemetry.record_stats(site.layer, site.kind, x.numel(), stats)
+        return value
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+_SHARED_CASTS = _SharedCastCache()
+
+
+class _FrozenCast:
+    """The compute-dtype result of casting a frozen weight, kept while the weight is unchanged.
+
+    The stock recipes cast a high-precision weight to FP8 for every GEMM; a frozen weight gives
+    the same bits every time, so the emulator computes the cast once and reuses it (an
+    implementation detail, see docs/policies.md: the policy still means a per-GEMM cast). The
+    entry is keyed by the source tensor's identity, storage, ``_version`` (in-place writes, e.g.
+    ``load_state_dict``), device and dtype, so any change recomputes it.
     """
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
-        self._ref: weakref.ref | None = None
         self._value: torch.Tensor | None = None
 
-    def get(self, x: torch.Tensor, dtype: torch.dtype, scaler: TensorScaler) -> torch.Tensor:
-        key = (x._version, x.shape, x.stride(), x.storage_offset(), x.dtype, dtype, scaler.fmt.name)
-        if self._ref is not None and self._ref() is x and self._key == key:
-            return self._value  # type: ignore[return-value]
-        value = scaler.quantize_dequantize(x, dtype)
-        self._key, self._ref, self._value = key, weakref.ref(x), value
-        return value
-
-
-_PLAIN_CASTS = _PlainCastCache()
+    def get(self, source: torch.Tensor, dtype: torch.dtype, compute: Any) -> torch.Tensor:
+        key = (id(source), source.data_ptr(), source._version, source.device, dtype)
+        if self._value is None or self._key != key:
+            self._value = compute()
+            self._key = key
+        return self._value
 
 
 class _BaseLinearFn(torch.autograd.Function):
@@ -139,7 +195,8 @@ class Fp8BaseLinear(nn.Module):
     (None for a plain cast, 0-d for per-tensor, [ceil(out/128), ceil(in/128)] for block).
     ``store_fp8=False`` is the stock recipes' storage: the compute-dtype ``weight_hp`` is the
     weight, cast to FP8 for every GEMM. The weight is frozen, so that cast is the same each time
-    and is computed once (``weight_fp8``, a cache that ``storage_bytes`` does not count).
+    and is computed once: ``weight_fp8``, plus its decoded compute-dtype copy (``_FrozenCast``),
+    caches that ``storage_bytes`` does not count, recomputed if ``weight_hp`` is written to.
     """
 
     _FIXED_DTYPE_BUFFERS = ("weight_fp8", "weight_scale_inv")
@@ -177,8 +234,15 @@ class Fp8BaseLinear(nn.Module):
     ) -> None:
         if not spec.enabled or not self.store_fp8:
             self.register_buffer("weight_hp", w.to(self.compute_dtype))
+            self._weight_cast = _FrozenCast()
         if not spec.enabled:
             return
+        q, saturated = self._quantize_weight(w, spec)
+        if telemetry is not None:  # frozen: stats once, emitted on every recorded step
+            _register_weight_stats(self.name, w, q, saturated, not self._weight_has_nan, telemetry)
+
+    def _quantize_weight(self, w: torch.Tensor, spec: CastSpec) -> tuple[Fp8Tensor, Any]:
+        """Quantize ``w`` into the ``weight_fp8``/``weight_scale_inv`` buffers."""
         scaler = TensorScaler(spec.recipe, spec.format, "weight")
         q, saturated = scaler.quantize(w, count_saturated=True)
         self.register_buffer("weight_fp8", q.data)
@@ -187,8 +251,9 @@ class Fp8BaseLinear(nn.Module):
         # SYNC: once at conversion -- lets every later decode skip the NaN-code fix-up. Checked
         # on the codes: no decoded copy of the weight, whose size would set the peak memory.
         self._weight_has_nan = has_nan_code(q.data)
-        if telemetry is not None:  # frozen: stats once, emitted on every recorded step
-            _register_weight_stats(self.name, w, q, saturated, not self._weight_has_nan, telemetry)
+        if not self.store_fp8:  # the FP8 copy is a cast of weight_hp at this version
+            self._weight_source = (weakref.ref(self.weight_hp), self.weight_hp._version)
+        return q, saturated
 
     @property
     def weight_is_fp8(self) -> bool:
@@ -196,10 +261,27 @@ class Fp8BaseLinear(nn.Module):
         return self.weight_spec.enabled and self.store_fp8
 
     def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The weight as the GEMM sees it, in ``dtype`` (default: the compute dtype)."""
+        """The weight as the GEMM sees it, in ``dtype`` (default: the compute dtype).
+
+        FP8 storage decodes it per GEMM (a cached copy would undo the memory saving); with
+        ``store_fp8=False`` the frozen weight's cast is kept in the compute dtype (``_FrozenCast``).
+        """
         dtype = dtype or self.compute_dtype
         if not self.weight_spec.enabled:
             return self.weight_hp.to(dtype)
+        if not self.store_fp8:
+            return self._weight_cast.get(self.weight_hp, dtype, lambda: self._cast_weight_hp(dtype))
+        return self._decode_stored(dtype)
+
+    def _cast_weight_hp(self, dtype: torch.dtype) -> torch.Tensor:
+        """Cast ``weight_hp`` again when it changed since the FP8 copy was made, then decode."""
+        src, seen = self.weight_hp, self._weight_source
+        if seen[0]() is src and seen[1] != src._version:  # written to in place: cast again
+            self._quantize_weight(src, self.weight_spec)
+        self._weight_source = (weakref.ref(src), src._version)  # a device move carries the codes
+        return self._decode_stored(dtype)
+
+    def _decode_stored(self, dtype: torch.dtype) -> torch.Tensor:
         q = Fp8Tensor(
             self.weight_fp8,
             self.weight_scale_inv,
@@ -287,6 +369,7 @@ class Fp8TiedLinear(nn.Linear):
         self._weight_scaler = (
             TensorScaler(weight.recipe, weight.format, "weight") if weight.enabled else None
         )
+        self._weight_cast = _FrozenCast()
         self.act_cast = CastSite(activation, "activation", name, "activation", telemetry)
         self.dgrad_cast = CastSite(dgrad, "grad", name, "dgrad", telemetry)
         if telemetry is not None and self._weight_scaler is not None:
@@ -295,9 +378,14 @@ class Fp8TiedLinear(nn.Linear):
             _register_weight_stats(name, w, q, saturated, False, telemetry)
 
     def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The per-GEMM cast of the shared weight; frozen, so computed once (``_FrozenCast``)."""
         w, dtype = self.weight.detach(), dtype or self.compute_dtype
         scaler = self._weight_scaler
-        return w.to(dtype) if scaler is None else scaler.quantize_dequantize(w, dtype)
+        if scaler is None:
+            return w.to(dtype)
+        if self.weight.requires_grad:  # not frozen after all: cast every time
+            return scaler.quantize_dequantize(w, dtype)
+        return self._weight_cast.get(self.weight, dtype, lambda: scaler.quantize_dequantize(w, dtype))
 
     def cast_sites(self) -> list[CastSite]:
         return [self.act_cast, self.dgrad_cast]

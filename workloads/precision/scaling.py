@@ -89,6 +89,7 @@ class ScalingKind:
     tiled: ClassVar[bool] = False  # one scale per tile
     fused: ClassVar[bool] = True  # the fused per-tensor quantize-dequantize kernel may run it
     frozen_weight_ok: ClassVar[bool] = True  # a frozen weight, cast once, may use it
+    shared_cast: ClassVar[bool] = False  # per tensor and a pure function of x: sites fed the same x share one cast
 
     def tag(self, recipe: ScalingRecipe) -> str:
         """Short name for plans and run names, e.g. 'delayed16', 'block128', 'current'."""
@@ -109,7 +110,7 @@ class ScalingKind:
 class PlainKind(ScalingKind):
     """``none``: plain cast, scale 1 -- what a naive FP8 conversion does."""
 
-    name, short, plain = "none", "pl", True
+    name, short, plain, shared_cast = "none", "pl", True, True
 
     def amax(self, scaler: TensorScaler, x: torch.Tensor) -> torch.Tensor | None:
         return None
@@ -118,7 +119,7 @@ class PlainKind(ScalingKind):
 class CurrentKind(ScalingKind):
     """``current``: per-tensor scale from this very tensor's amax."""
 
-    name, short, own_amax, saturates = "current", "cur", True, False
+    name, short, own_amax, saturates, shared_cast = "current", "cur", True, False, True
 
     def amax(self, scaler: TensorScaler, x: torch.Tensor) -> torch.Tensor | None:
         return tensor_amax(x)
@@ -334,6 +335,10 @@ def expand_blocks(scale: torch.Tensor, tile: tuple[int, int], shape: torch.Size)
     return full[: shape[0], : shape[1]]
 
 
+def _zero_count(device: torch.device) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.int64, device=device)
+
+
 class TensorScaler:
     """Scaling state for one tensor of one layer (e.g. ``layers.3.q_proj`` activations).
 
@@ -352,6 +357,7 @@ class TensorScaler:
         self.calibrating = False
         self.amax_history: torch.Tensor | None = None  # delayed only; created on first use
         self.scale_inv: torch.Tensor | None = None  # last scale_inv used, for telemetry
+        self.last_amax: torch.Tensor | None = None  # amax|x| of the last quantize, when computed
         self._pos = 0  # next history slot (host int: indexing with it needs no sync)
 
     @property
@@ -399,7 +405,7 @@ class TensorScaler:
         scaled = scale_operand(x, scale, self.tile, self.recipe.power_2_scale)
         self.scale_inv = None if scale is None else scale.reciprocal()
         x_amax = amax if kind.own_amax else None  # amax of x itself, when at hand
-        finite = False
+        finite, peak = False, None
         if x.device.type == "cpu" and x.numel() >= _FINITE_CHECK_NUMEL:
             if not kind.saturates:  # the scale came from x's amax: |x * scale| <~ fmax
                 finite = bool(torch.isfinite(amax).all())
@@ -407,7 +413,13 @@ class TensorScaler:
                 x_amax = tensor_amax(x)  # delayed needs it for the history anyway
                 peak = x_amax if scale is None else x_amax * scale  # exact, or the same rounding
                 finite = bool(torch.isfinite(peak))
-        saturated = self._count_saturated(scaled) if count_saturated else None
+        saturated = None
+        if count_saturated:
+            # On CPU, a finite peak |x| * scale within fmax means nothing saturates (the multiply
+            # is monotonic): skip the counting pass; the count is 0 either way.
+            fits = finite and kind.saturates and bool(peak <= self.fmt.max)
+            saturated = _zero_count(scaled.device) if fits else self._count_saturated(scaled)
+        self.last_amax = x_amax
         data = encode_scaled(scaled, self.fmt, owned=scaled is not x, finite=finite)
         self.observe(x, x_amax)
         return Fp8Tensor(data, self.scale_inv, self.tile, may_have_nan=not finite), saturated
@@ -437,7 +449,7 @@ class TensorScaler:
             # The scale came from this very tensor's (tile's) amax: nothing exceeds fmax beyond
             # FP32 rounding (none at all with power-of-2 scales), so skip the pass. NaN/Inf
             # are reported as non-finite instead.
-            return torch.zeros((), dtype=torch.int64, device=scaled.device)
+            return _zero_count(scaled.device)
         return torch.count_nonzero(scaled.abs() > self.fmt.max)
 
     def reset(self) -> None:

@@ -69,8 +69,11 @@ def cast_stats(
     saturated: torch.Tensor | int = 0,
     codes: torch.Tensor | None = None,
     nan_free: bool = False,
+    amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Stats vector of one cast, computed on ``x_hp``'s device with no host sync.
+
+    ``amax``: max |x_hp| when the caller has it already (the scaler's pass), saving one.
 
     ``codes`` (the float8 data behind ``x_dq``) lets the zero count run on one byte per element
     instead of two; ``nan_free=True`` (the caster knows ``x_dq`` has no NaN, e.g. from a CPU
@@ -90,13 +93,14 @@ def cast_stats(
         underflow, amax, sq_err_sum, nonfinite = fused.unbind()
         sq_err = sq_err_sum
     else:
-        lo, hi = torch.aminmax(x_hp)
+        if amax is None:
+            lo, hi = torch.aminmax(x_hp)
+            amax = torch.maximum(hi, -lo)
         if codes is not None:  # a value is zero iff its code's magnitude bits are (NaN is not)
             nonzero_dq = torch.count_nonzero(codes.view(torch.uint8) & 0x7F)
         else:
             nonzero_dq = torch.count_nonzero(x_dq)
         underflow = torch.count_nonzero(x_hp) - nonzero_dq
-        amax = torch.maximum(hi, -lo)
         sq_err = torch.linalg.vector_norm(x_hp - x_dq, dtype=torch.float32).square()
         if nan_free:
             nonfinite = _const(0.0, dev)
@@ -227,7 +231,13 @@ class Fp8Telemetry:
         if not self.recording:
             return
         stats = cast_stats(x_hp, x_dq, scale_inv, saturated, codes, nan_free)
-        self._pending.append(_Pending(layer, kind, x_hp.numel(), stats))
+        self.record_stats(layer, kind, x_hp.numel(), stats)
+
+    def record_stats(self, layer: str, kind: str, numel: int, stats: torch.Tensor) -> None:
+        """Append a stats vector computed already (``cast_stats``); no-op when not recording.
+        Casts shared by sibling layers report the same vector under each layer."""
+        if self.recording:
+            self._pending.append(_Pending(layer, kind, numel, stats))
 
     def register_static(self, layer: str, kind: str, stats: torch.Tensor, numel: int) -> None:
         """Stats of a tensor that never changes (frozen FP8 weights), see module docstring."""
