@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -295,7 +296,11 @@ def _log_adapter(logger: MlflowTrialLogger, model: Any) -> None:
 
 def _log_telemetry(logger: MlflowTrialLogger, train: TrainResult) -> None:
     if train.telemetry_rows:
-        logger.log_file(write_parquet(train.telemetry_rows, TELEMETRY_COLUMNS), "telemetry")
+        parquet = write_parquet(train.telemetry_rows, TELEMETRY_COLUMNS)
+        try:
+            logger.log_file(parquet, "telemetry")
+        finally:
+            shutil.rmtree(parquet.parent, ignore_errors=True)
 
 
 def _result_skeleton(config: dict[str, Any], ctx: TrialLaunch) -> dict[str, Any]:
@@ -337,4 +342,4 @@ def _close_run(logger: MlflowTrialLogger, result: dict[str, Any], log_path: Path
         result.update(status="FAILED", reason=result["reason"] or f"tracking store unavailable: {exc}")
         log.error("could not finish MLflow run: %s", exc)
     finally:
-        log_path.unlink(missing_ok=True)
+        shutil.rmtree(log_path.parent, ignore_errors=True)  # the temp folder too: nothing left in /tmp
