@@ -222,6 +222,7 @@ class InProcessTrial:
     tokens: int = 0
     step_times: list[float] = field(default_factory=list)
     logger_factory: Callable[[], Any] | None = None  # default: NullLogger
+    health: Any = None  # a workloads.health HealthMonitor computing its signals at logged steps
     _batches: Iterator[dict[str, Any]] | None = None
 
     def run_chunk(self, n_steps: int) -> dict[str, float]:
@@ -237,7 +238,7 @@ class InProcessTrial:
         cpu0 = time.process_time()
         result = call_run_training(self.model, self.handle, self.telemetry, batches,
                                    dataclasses.replace(self.settings, steps=n_steps),
-                                   self.logger_factory() if self.logger_factory else NullLogger())
+                                   self.logger_factory() if self.logger_factory else NullLogger(), self.health)
         cpu = time.process_time() - cpu0
         self.step += result.steps_done
         self.tokens += result.tokens
@@ -255,15 +256,16 @@ class InProcessTrial:
 
 
 def call_run_training(model: Any, handle: Any, telemetry: Any, batches: list[dict[str, Any]],
-                      settings: Any, logger: Any) -> Any:
+                      settings: Any, logger: Any, health: Any = None) -> Any:
     """``run_training`` with a fixed list of batches, whichever way it takes them (an iterable
     of batches, or ``make_batches(start_step)`` since checkpoint/resume)."""
     from workloads.train_loop import run_training
 
     params = inspect.signature(run_training).parameters
+    extra = {"health": health} if health is not None else {}
     if "make_batches" in params:
-        return run_training(model, handle, telemetry, lambda start: batches[start:], settings, logger)
-    return run_training(model, handle, telemetry, batches, settings, logger)
+        return run_training(model, handle, telemetry, lambda start: batches[start:], settings, logger, **extra)
+    return run_training(model, handle, telemetry, batches, settings, logger, **extra)
 
 
 def build_trial(
@@ -278,13 +280,20 @@ def build_trial(
     telemetry_every: int | None = None,
     seed: int = 0,
     calibrate: bool = True,
+    health: bool = False,
 ) -> InProcessTrial:
     """Load the embedded model (or a randomly initialised wider copy of its architecture when
-    ``hidden`` is given), attach LoRA and apply ``policy`` the way ``workloads.trial._run`` does."""
+    ``hidden`` is given), attach LoRA and apply ``policy`` the way ``workloads.trial._run`` does.
+
+    ``health``: also compute the trial's health signals at every logged step, as a trial does
+    (the verdict itself, a host-side rule check once per trial, is left out)."""
     import torch
 
     from workloads import data as data_mod
     from workloads.evaluate import embedded_paths
+    from workloads.health.monitor import HealthMonitor
+    from workloads.health.rules import HealthRules
+    from workloads.health.signals import AdapterProbe, base_weight_norms
     from workloads.model_loading import attach_lora, load_base_model
     from workloads.precision.backends import apply_backend, select_backend
     from workloads.precision.policy import get_policy
@@ -306,6 +315,7 @@ def build_trial(
         model, tokenizer = wide_model(paths.model_dir, hidden, layers)
     train_data = data_mod.load_training_data(config["data"], tokenizer, config["train"]["max_seq_len"], paths.data_dir)
     model = attach_lora(model, config["lora"], seed)
+    base_norms = base_weight_norms(model) if health else None  # before the backend converts the base layers
     pol = get_policy(config["precision"]["policy"]).with_switches(**(config["precision"]["switches"] or {}))
     telem = Fp8Telemetry(underflow_threshold_pct=tele["underflow_threshold_pct"])
     handle = apply_backend(model, pol, telem, select_backend(backend, device))
@@ -315,7 +325,11 @@ def build_trial(
         handle.calibrate(lambda b: model(**b), calib)
     model.train()
     settings = _loop_settings(config)
-    return InProcessTrial(name or policy, model, handle, telem, settings, train_data, batch_size, seed, device)
+    trial = InProcessTrial(name or policy, model, handle, telem, settings, train_data, batch_size, seed, device)
+    if health:
+        rules = HealthRules.from_config(config["health"]["rules"])
+        trial.health = HealthMonitor(AdapterProbe(model, base_norms), handle, rules, step=0, early_stop=False)
+    return trial
 
 
 def wide_model(model_dir: Path, hidden: int, layers: int | None = None) -> tuple[Any, Any]:

@@ -11,10 +11,12 @@ built in this process exactly as ``workloads.trial`` builds it and trained throu
 store (so the extra metrics telemetry logs are written like in a trial; ``--logger null`` drops
 them):
 
-- ``off``: ``precision.telemetry.enabled=false``;
+- ``off``: ``precision.telemetry.enabled=false`` and no health signals;
 - ``default``: the shipped config (telemetry every 10 steps: every tensor kind, LoRA grad norms
-  and weight stds, one device->host transfer per recorded step);
-- ``every_step``: telemetry on every step (the worst case of the config);
+  and weight stds, one device->host transfer per recorded step) plus the health signals every
+  logged step computes (adapter movement, smallest LoRA std: docs/health.md), so the overhead is
+  all the monitoring a trial does;
+- ``every_step``: telemetry on every step (the worst case of the config), health signals too;
 - ``item_loop``: telemetry off, plus the per-parameter monitor of docs/background.md §1 the way
   the article writes it: after backward, for every LoRA parameter, grad norm, grad max-min
   range, E5M2 round-trip loss and weight std, each read with ``.item()``, every step. This is
@@ -87,8 +89,8 @@ def build_variants(policy: str, logger_kind: str, store: Path, hidden: int | Non
     size = {"hidden": hidden, "layers": layers if hidden else None}
     variants = {
         "off": common.build_trial(policy, telemetry=False, **size),
-        "default": common.build_trial(policy, **size),
-        "every_step": common.build_trial(policy, telemetry_every=1, **size),
+        "default": common.build_trial(policy, health=True, **size),
+        "every_step": common.build_trial(policy, telemetry_every=1, health=True, **size),
         "item_loop": common.build_trial(policy, telemetry=False, **size),
     }
     attach_item_loop(variants["item_loop"])
