@@ -131,7 +131,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _print_cfg(config)
     from orchestrator.plan import plan_sweep
 
-    plan = plan_sweep(config, args.overrides, args.config_dir, args.force, start_ray=not args.dry_run)
+    plan = plan_sweep(config, args.overrides, args.config_dir, args.force)
     from orchestrator import sweep as sweep_mod
     from orchestrator.progress import console
 

@@ -35,52 +35,30 @@ class SweepPlan:
 
 
 def plan_sweep(config: dict[str, Any], overrides: list[str], config_dir: str | None, force: bool,
-               check_files: bool = True, start_ray: bool = False) -> SweepPlan:
+               check_files: bool = True) -> SweepPlan:
     """Compose + validate every cell of the validated base `config` (composed from `overrides`) and
-    check the world; nothing is written.
-
-    `start_ray`: a sweep about to run starts its local Ray here, while the preflight child is still
-    importing torch (Ray takes seconds to start; overlapping the two brings the first training step
-    that much sooner). Ray writes only its own session folder; it is shut down again if a check
-    refuses the sweep or nothing is left to run."""
+    check the world; nothing is written."""
     specs = expand_sweep(overrides, config, config_dir)
     pending = start_preflight([s.config for s in specs]) if check_files else None
     from orchestrator import ray_runner, tracking  # noqa: PLC0415 - MLflow + Ray: seconds, overlapped with preflight
 
     uri = tracking.absolute_uri(config["tracking"]["uri"])
     checks = [lambda: tracking.check_store(uri), lambda: ray_runner.check_address(config["cluster"]),
-              lambda: _check_report_folder(config)]
+              lambda: ray_runner.check_local_resources(config["cluster"]), lambda: _check_report_folder(config)]
     if pending is not None:
         checks.insert(0, pending.wait)
-    problems = _problems([lambda: ray_runner.check_local_resources(config["cluster"])])
-    early_ray = start_ray and not problems and not config["cluster"]["address"]
-    if early_ray:
-        ray_runner.init_ray(config["cluster"])
-    try:
-        problems += _problems(checks)
-        if problems:
-            raise UserInputError(problems)
-        plan = SweepPlan(config, specs, sweep_id_for(config["sweep"]["name"], specs), uri, force=force)
-        if not force:
-            plan.skipped = _already_finished(uri, config["sweep"]["name"], specs)
-    except BaseException:
-        if early_ray:
-            ray_runner.shutdown()
-        raise
-    if early_ray and not plan.to_run:
-        ray_runner.shutdown()
-    return plan
-
-
-def _problems(checks: list[Any]) -> list[str]:
-    """Run every check; collect their problems (all at once, none of them writes anything)."""
-    problems: list[str] = []
-    for check in checks:
+    problems = []
+    for check in checks:  # every problem at once, none of them writes anything
         try:
             check()
         except UserInputError as exc:
             problems += exc.problems
-    return problems
+    if problems:
+        raise UserInputError(problems)
+    plan = SweepPlan(config, specs, sweep_id_for(config["sweep"]["name"], specs), uri, force=force)
+    if not force:
+        plan.skipped = _already_finished(uri, config["sweep"]["name"], specs)
+    return plan
 
 
 def sweep_id_for(name: str, specs: list[TrialSpec]) -> str:

@@ -45,11 +45,6 @@ def init_ray(cluster: dict[str, Any]) -> None:
              include_dashboard=cluster["include_dashboard"], dashboard_host=cluster["dashboard_host"], **common)
 
 
-def shutdown() -> None:
-    """Stop the Ray this driver started (or disconnect from a cluster)."""
-    ray.shutdown()
-
-
 def check_address(cluster: dict[str, Any], timeout_s: float = 5.0) -> None:
     """Refuse an address nothing answers at, in seconds: `ray.init` itself retries a dead GCS
     address for minutes. `auto` (and no address) is left to Ray."""

@@ -45,23 +45,25 @@ def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
     """Schedule the plan's trials on Ray, show live progress, return every result.
 
     The sweep's lease is taken first (`orchestrator.lease`): a second driver of the same sweep is
-    refused before it schedules anything (a local Ray the plan already started is stopped). On a local Ray the MLflow store and experiment are set up in a
+    refused before it starts Ray. On a local Ray the MLflow store and experiment are set up in a
     thread while Ray starts (a fresh SQLite store takes seconds to create): the plan has already
     checked everything that could refuse a local sweep (`ray_runner.check_local_resources`), so
     nothing is written for a sweep that then does not run. Against a cluster, the cluster is
     checked first.
     """
     cluster = plan.config["cluster"]
-    try:
-        with lease_mod.SweepLease(plan.tracking_uri, plan.sweep_id) as lease, ThreadPoolExecutor(max_workers=1) as pool:
-            early = None if cluster["address"] else pool.submit(_experiment_for, plan)
-            ray_runner.init_ray(cluster)  # a no-op when the plan already started the local Ray
+    with lease_mod.SweepLease(plan.tracking_uri, plan.sweep_id) as lease, ThreadPoolExecutor(max_workers=1) as pool:
+        early = None if cluster["address"] else pool.submit(_experiment_for, plan)
+        ray_runner.init_ray(cluster)
+        try:
             ray_runner.check_resources(cluster)
             tracking.check_store_for_cluster(ray_runner.node_count(), cluster, plan.tracking_uri, plan.config["tracking"]["artifact_location"])
             experiment_id = early.result() if early else _experiment_for(plan)
             return _execute(plan, console, cluster, experiment_id, lease)
-    finally:
-        ray_runner.shutdown()
+        finally:
+            import ray
+
+            ray.shutdown()
 
 
 def _experiment_for(plan: SweepPlan) -> str:
