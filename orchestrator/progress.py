@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fp8lab_conf.contracts import METRIC_ACCURACY, METRIC_FINAL_LOSS, METRIC_TOKENS_PER_S
+
 STATE_STYLE = {"FINISHED": "green", "DIVERGED": "yellow", "STOPPED_EARLY": "yellow", "FAILED": "red", "KILLED": "red",
                "RUNNING": "cyan", "PENDING": "dim", "SKIPPED": "dim", "RETRYING": "magenta"}
 
@@ -78,8 +80,8 @@ def summary_table(specs: list[Any], results: dict[str, dict[str, Any]], title: s
         metrics = result.get("metrics", {})
         status = result.get("status", "-")
         table.add_row(spec.run_name, _styled(status),
-                      _fmt(metrics.get("eval/accuracy"), ".3f"), _fmt(metrics.get("train/tokens_per_s"), ".0f"),
-                      _fmt(metrics.get("train/final_loss"), ".4f"), spec.trial_id, (result.get("reason") or "")[:60])
+                      _fmt(metrics.get(METRIC_ACCURACY), ".3f"), _fmt(metrics.get(METRIC_TOKENS_PER_S), ".0f"),
+                      _fmt(metrics.get(METRIC_FINAL_LOSS), ".4f"), spec.trial_id, (result.get("reason") or "")[:60])
     return table
 
 

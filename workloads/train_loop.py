@@ -17,7 +17,7 @@ from transformers import get_scheduler
 
 from fp8lab_conf.contracts import (
     METRIC_GRAD_NORM, METRIC_LORA_WEIGHT_STD, METRIC_LOSS, METRIC_LOSS_SCALE, METRIC_LR, METRIC_TOKENS_PER_S_WINDOW,
-    STATUS_STOPPED_EARLY, TAG_RESUMED_FROM_STEP,
+    METRIC_UNDERFLOW_EVENTS, STATUS_STOPPED_EARLY, TAG_RESUMED_FROM_STEP,
 )
 
 ProgressFn = Callable[[int, dict[str, Any]], None]
@@ -119,7 +119,7 @@ def run_training(model: Any, handle: Any, telemetry: Any, make_batches: Callable
             result.final_loss = metrics[METRIC_LOSS]
             if report:
                 result.telemetry_rows += report.rows
-                result.underflow_events = int(report.metrics["underflow/events"])
+                result.underflow_events = int(report.metrics[METRIC_UNDERFLOW_EVENTS])
             verdict = health.observe(step, metrics) if health else None  # host-side signals; the verdict step judges
             logger.log_step(step, metrics)
             if progress:

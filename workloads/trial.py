@@ -22,6 +22,8 @@ from fp8lab_conf.contracts import (
     TAG_ABLATION, TAG_ADAPTER_ERROR, TAG_BACKEND, TAG_BACKEND_REASON, TAG_CUDA_VISIBLE_DEVICES, TAG_DEVIATIONS, TAG_DEVICE,
     TAG_DIVERGED_STEP, TAG_EMULATED, TAG_EVAL_AGGREGATE, TAG_EVAL_PRIMARY, TAG_HOST, TAG_POLICY_VERSION, TAG_RAY_NODE_ID,
     TAG_RAY_RESOURCES, TAG_REASON, STATUS_STOPPED_EARLY, TAG_STATUS, TAG_STOPPED_EARLY, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, TrialLaunch,
+    METRIC_FINAL_LOSS, METRIC_STEPS_DONE, METRIC_TOKENS_PER_S, METRIC_TRAIN_WALL_S, METRIC_TRIAL_WALL_S, METRIC_UNDERFLOW_EVENTS,
+    RESULT_JSON,
 )
 from workloads import data as data_mod
 from workloads.eval_metrics import (PRIMARY_MEAN, configured_tasks, eval_data_dirs, primary_figure, safe_name,
@@ -67,7 +69,7 @@ def run_trial(ctx: TrialLaunch, progress: ProgressFn | None = None) -> dict[str,
         if system is not None:
             system.stop()  # while the run is still RUNNING: the monitor stops writing to closed runs
         logging.getLogger().removeHandler(handler)
-        result["metrics"]["trial/wall_s"] = time.perf_counter() - started
+        result["metrics"][METRIC_TRIAL_WALL_S] = time.perf_counter() - started
         _close_run(logger, result, log_path)
     return result
 
@@ -230,11 +232,11 @@ def _version_tags() -> dict[str, str]:
 
 def _train_metrics(train: TrainResult, memory: PeakMemory, handle: Any) -> dict[str, float]:
     return {
-        "train/tokens_per_s": train.tokens_per_s,
-        "train/final_loss": train.final_loss,
-        "train/wall_s": train.wall_s,
-        "train/steps_done": float(train.steps_done),
-        "underflow/events": float(train.underflow_events),
+        METRIC_TOKENS_PER_S: train.tokens_per_s,
+        METRIC_FINAL_LOSS: train.final_loss,
+        METRIC_TRAIN_WALL_S: train.wall_s,
+        METRIC_STEPS_DONE: float(train.steps_done),
+        METRIC_UNDERFLOW_EVENTS: float(train.underflow_events),
         "memory/peak_bytes": float(memory.peak_bytes()),
         "memory/base_weight_bytes": float(handle.base_weight_bytes()),
     }
@@ -331,10 +333,10 @@ def _close_run(logger: MlflowTrialLogger, result: dict[str, Any], log_path: Path
             tags[TAG_DIVERGED_STEP] = result["diverged_step"]
         if result["status"] == STATUS_STOPPED_EARLY:
             tags[TAG_STOPPED_EARLY] = result["reason"][:5000]
-        logger.log_step(int(result["metrics"].get("train/steps_done", 0)), {"trial/wall_s": result["metrics"]["trial/wall_s"]})
+        logger.log_step(int(result["metrics"].get(METRIC_STEPS_DONE, 0)), {METRIC_TRIAL_WALL_S: result["metrics"][METRIC_TRIAL_WALL_S]})
         logger.flush()
         logger.set_tags(tags)
-        logger.log_text(json.dumps(result, indent=2, default=str), "result.json")
+        logger.log_text(json.dumps(result, indent=2, default=str), RESULT_JSON)
         if log_path.exists():
             logger.log_file(log_path, "logs")
         logger.client.set_terminated(result["mlflow_run_id"], status)

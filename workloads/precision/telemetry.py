@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fp8lab_conf.contracts import METRIC_GRAD_NORM, METRIC_LORA_WEIGHT_STD, METRIC_LORA_WEIGHT_STD_MIN, METRIC_UNDERFLOW_EVENTS
 from workloads.precision.formats import FUSED, Fp8Format
 
 __all__ = [
@@ -301,7 +302,7 @@ class Fp8Telemetry:
         events = self._new_events(rows)
         metrics = _aggregate(rows)
         metrics["underflow/new_events"] = float(len(events))
-        metrics["underflow/events"] = float(self.events_total)
+        metrics[METRIC_UNDERFLOW_EVENTS] = float(self.events_total)
         metrics.update(host_extras)
         metrics.update({k: float(v[0]) for k, v in zip(dev_extras, extra_values, strict=True)})
         return StepTelemetry(self.step, rows, metrics, events)
@@ -417,11 +418,11 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, float]:
     )
     grad_norms = [r["value"] for r in rows if r["kind"] == "lora_grad_norm"]
     if grad_norms:  # global L2 norm over all LoRA grads = sqrt(sum of squared per-param norms)
-        metrics["train/grad_norm"] = math.sqrt(sum(v * v for v in grad_norms))
+        metrics[METRIC_GRAD_NORM] = math.sqrt(sum(v * v for v in grad_norms))
     stds = [r["value"] for r in rows if r["kind"] == "lora_weight_std"]
     if stds:
-        metrics["train/lora_weight_std"] = _mean(stds)
-        metrics["train/lora_weight_std_min"] = min(stds)
+        metrics[METRIC_LORA_WEIGHT_STD] = _mean(stds)
+        metrics[METRIC_LORA_WEIGHT_STD_MIN] = min(stds)
     return metrics
 
 
