@@ -71,6 +71,26 @@ TAG_HEALTH_REASONS = "fp8lab.health.reasons"  # "; "-joined: the signals that de
 TAG_HEALTH_MISSING = "fp8lab.health.missing"  # "; "-joined: signals a rule needed but the step lacked
 TAG_HEALTH_STEP = "fp8lab.health.step"  # the logged step the verdict was made at
 
+# --- trial identity -----------------------------------------------------------------------------
+# Config keys left out of a trial's id (orchestrator/trial_id.py) and of "the same configuration"
+# when a trial looks up its bf16 reference (workloads/health/reference.py).
+# Where a trial runs, how it is recorded and scheduled, and pure throughput knobs: none of these
+# change what the trial computes.
+NON_SEMANTIC_KEYS: tuple[str, ...] = (
+    "trial",
+    "tracking",
+    "cluster",
+    "sweep",
+    "report",
+    "health",  # the early warning only watches; stopping is sweep.early_stop, and a stopped trial is rerun
+    "train.num_threads",
+    "train.log_every",
+    "train.device",
+    "train.checkpoint_every",
+    "train.checkpoint_dir",
+    "eval.batch_size",
+)
+
 # --- metrics ----------------------------------------------------------------------------------
 METRIC_ACCURACY = "eval/accuracy"
 METRIC_ACCURACY_STDERR = "eval/accuracy_stderr"

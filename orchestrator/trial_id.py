@@ -12,22 +12,7 @@ import hashlib
 import json
 from typing import Any
 
-# Where a trial runs, how it is recorded and scheduled, and pure throughput knobs: none of these
-# change what the trial computes.
-NON_SEMANTIC_KEYS: tuple[str, ...] = (
-    "trial",
-    "tracking",
-    "cluster",
-    "sweep",
-    "report",
-    "health",  # the early warning only watches; stopping is sweep.early_stop, and a stopped trial is rerun
-    "train.num_threads",
-    "train.log_every",
-    "train.device",
-    "train.checkpoint_every",
-    "train.checkpoint_dir",
-    "eval.batch_size",
-)
+from fp8lab_conf.contracts import NON_SEMANTIC_KEYS
 
 
 def semantic_config(config: dict) -> dict:

@@ -12,14 +12,13 @@ from typing import Callable
 
 from mlflow.tracking import MlflowClient
 
-from fp8lab_conf.contracts import METRIC_LOSS, TAG_POLICY, TAG_SEED
+from fp8lab_conf.contracts import METRIC_LOSS, NON_SEMANTIC_KEYS, TAG_POLICY, TAG_SEED
 
 log = logging.getLogger("fp8lab.health")
 
 _SAME_GROUPS = ("model.", "data.", "lora.", "train.")
-# Keys of those groups that never change the loss curve (they match orchestrator/trial_id.py's
-# non-semantic keys; workloads may not import the orchestrator).
-_IGNORED = ("train.num_threads", "train.log_every", "train.device", "train.checkpoint_every", "train.checkpoint_dir")
+# Keys of those groups that never change the loss curve: the trial id's non-semantic keys.
+_IGNORED = tuple(k for k in NON_SEMANTIC_KEYS if k.startswith(_SAME_GROUPS))
 _USABLE = ("FINISHED", "RUNNING")
 
 
