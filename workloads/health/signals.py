@@ -33,6 +33,21 @@ class _Adapter:
     base_norm: float  # ||W_base||_F at init (BF16 master, before any FP8 conversion)
 
 
+@dataclass
+class _Group:
+    """Adapters of one shape, with what does not change between steps stacked once."""
+
+    adapters: list[_Adapter]
+    a0: torch.Tensor  # [n, r, d_in]
+    b0: torch.Tensor  # [n, d_out, r]
+    scale: torch.Tensor  # [n]: s / ||W_base||
+
+    @classmethod
+    def of(cls, adapters: list[_Adapter]) -> "_Group":
+        scale = torch.tensor([x.scaling / max(x.base_norm, 1e-30) for x in adapters], device=adapters[0].a.device)
+        return cls(adapters, torch.stack([x.a0 for x in adapters]), torch.stack([x.b0 for x in adapters]), scale)
+
+
 def base_weight_norms(model: nn.Module) -> dict[str, float]:
     """||W_base||_F of every LoRA layer, by module name. Take them before the precision backend
     converts the base layers (an FP8-stored weight is no longer a plain high-precision tensor)."""
@@ -53,28 +68,26 @@ class AdapterProbe:
 
     def __init__(self, model: nn.Module, base_norms: dict[str, float] | None = None) -> None:
         norms = base_weight_norms(model) if base_norms is None else base_norms
-        self._groups: dict[tuple[Any, ...], list[_Adapter]] = {}
+        by_shape: dict[tuple[Any, ...], list[_Adapter]] = {}
         for name, module in model.named_modules():
             for adapter in _adapters_of(module, norms.get(name, 1.0)):
                 key = (tuple(adapter.a.shape), tuple(adapter.b.shape), adapter.a.device)
-                self._groups.setdefault(key, []).append(adapter)
-        if not self._groups:
+                by_shape.setdefault(key, []).append(adapter)
+        if not by_shape:
             raise ValueError("health signals: the model has no LoRA adapters to watch")
+        self._groups = [_Group.of(adapters) for adapters in by_shape.values()]
 
     @torch.no_grad()
     def device_signals(self) -> dict[str, torch.Tensor]:
         """Min and median adapter movement and the smallest LoRA matrix std, as 0-d device tensors."""
         moves, stds = [], []
-        for adapters in self._groups.values():
-            a = torch.stack([x.a.detach() for x in adapters]).float()
-            b = torch.stack([x.b.detach() for x in adapters]).float()
-            a0 = torch.stack([x.a0 for x in adapters])
-            b0 = torch.stack([x.b0 for x in adapters])
-            xs = torch.cat([b, -b0], dim=2)  # [n, d_out, 2r]
-            ys = torch.cat([a, a0], dim=1)  # [n, 2r, d_in]
+        for group in self._groups:
+            a = torch.stack([x.a.detach() for x in group.adapters]).float()
+            b = torch.stack([x.b.detach() for x in group.adapters]).float()
+            xs = torch.cat([b, -group.b0], dim=2)  # [n, d_out, 2r]
+            ys = torch.cat([a, group.a0], dim=1)  # [n, 2r, d_in]
             sq = (xs.transpose(1, 2) @ xs * (ys @ ys.transpose(1, 2))).sum(dim=(1, 2)).clamp_min(0)
-            scale = torch.tensor([x.scaling / max(x.base_norm, 1e-30) for x in adapters], device=a.device)
-            moves.append(sq.sqrt() * scale)
+            moves.append(sq.sqrt() * group.scale)
             stds.append(torch.minimum(a.flatten(1).std(dim=1), b.flatten(1).std(dim=1)))
         move = torch.cat(moves)
         return {METRIC_HEALTH_MOVEMENT_MIN: move.min(), METRIC_HEALTH_MOVEMENT_MEDIAN: move.median(),
