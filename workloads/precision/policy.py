@@ -32,7 +32,6 @@ Registered policies:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +41,7 @@ import torch
 from workloads.precision.grad_scaler import GradScalerConfig
 from workloads.precision.ladder import MECHANISMS, RUNGS
 from workloads.precision.scaling import KINDS, CastSpec, ScalingRecipe, get_kind
+from workloads.registry import Registry, UnknownNameError, did_you_mean
 
 __all__ = [
     "PrecisionPolicy",
@@ -61,7 +61,7 @@ COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32
 _CAST_FIELDS = ("base_weight", "base_activation", "base_dgrad")
 
 
-class UnknownPolicyError(ValueError):
+class UnknownPolicyError(UnknownNameError):
     """A policy name that is not registered (the message suggests the closest names)."""
 
 
@@ -169,7 +169,7 @@ class PrecisionPolicy:
         """
         unknown = sorted(set(switches) - set(SWITCHES))
         if unknown:
-            hints = [_did_you_mean(u, SWITCHES) for u in unknown]
+            hints = [did_you_mean(u, SWITCHES) for u in unknown]
             raise ValueError(
                 f"unknown precision switch(es) {', '.join(map(repr, unknown))}"
                 + "".join(h for h in hints if h)
@@ -231,37 +231,23 @@ def _validate(p: PrecisionPolicy) -> list[str]:
     return errors
 
 
-def _did_you_mean(name: str, choices: Any) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1)
-    return f" — did you mean {close[0]!r}?" if close else ""
-
-
 # -- registry --------------------------------------------------------------------------------
-_REGISTRY: dict[str, PrecisionPolicy] = {}
+_REGISTRY: Registry[PrecisionPolicy] = Registry("precision policy", UnknownPolicyError)
 
 
 def register_policy(policy: PrecisionPolicy, *, replace: bool = False) -> PrecisionPolicy:
     """Make ``policy`` available under ``policy.name``; re-registering needs ``replace=True``."""
-    if policy.name in _REGISTRY and not replace:
-        raise ValueError(f"precision policy {policy.name!r} is already registered")
-    _REGISTRY[policy.name] = policy
-    return policy
+    return _REGISTRY.register(policy.name, policy, replace=replace)
 
 
 def get_policy(name: str) -> PrecisionPolicy:
     """The registered policy ``name``, or UnknownPolicyError with a did-you-mean hint."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownPolicyError(
-            f"unknown precision policy {name!r}{_did_you_mean(name, _REGISTRY) or ';'}"
-            f" available: {', '.join(_REGISTRY)}"
-        ) from None
+    return _REGISTRY.get(name)
 
 
 def available_policies() -> list[str]:
     """Registered names in registration order (base policies first, then the ladder rungs)."""
-    return list(_REGISTRY)
+    return list(_REGISTRY.names())
 
 
 # -- the policy table (docs/mechanisms.md) ---------------------------------------------------

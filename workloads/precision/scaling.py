@@ -42,6 +42,7 @@ from typing import ClassVar, Literal, NamedTuple
 
 import torch
 
+from workloads.registry import Registry, unknown_name_message
 from workloads.precision.formats import (
     FORMATS,
     FUSED,
@@ -152,15 +153,12 @@ class BlockKind(ScalingKind):
         return block_amax(x, scaler.tile)
 
 
-KINDS: dict[str, ScalingKind] = {}
+KINDS: Registry[ScalingKind] = Registry("scaling kind")
 
 
 def register_kind(kind: ScalingKind) -> ScalingKind:
     """Make ``kind`` usable as ``ScalingRecipe(kind.name)`` (and ``scaling: <name>`` in YAML)."""
-    if kind.name in KINDS:
-        raise ValueError(f"scaling kind {kind.name!r} is already registered")
-    KINDS[kind.name] = kind
-    return kind
+    return KINDS.register(kind.name, kind)
 
 
 for _kind in (PlainKind(), CurrentKind(), DelayedKind(), BlockKind()):
@@ -170,10 +168,7 @@ SCALING_KINDS = tuple(KINDS)  # the built-in kinds
 
 def get_kind(name: str) -> ScalingKind:
     """The kind object for a config name ('none' | 'current' | 'delayed' | 'block')."""
-    try:
-        return KINDS[name]
-    except KeyError:
-        raise ValueError(f"scaling kind {name!r} not in {tuple(KINDS)}") from None
+    return KINDS.get(name)
 
 
 @dataclass(frozen=True)
@@ -190,7 +185,7 @@ class ScalingRecipe:
     def __post_init__(self) -> None:
         errors = []
         if self.kind not in KINDS:
-            errors.append(f"kind={self.kind!r} not in {tuple(KINDS)}")
+            errors.append(f"kind: {unknown_name_message(KINDS.what, self.kind, KINDS)}")
         if self.amax_compute_algo not in AMAX_ALGOS:
             errors.append(f"amax_compute_algo={self.amax_compute_algo!r} not in {AMAX_ALGOS}")
         if self.amax_history_len < 1:

@@ -18,12 +18,11 @@ This module imports no torch, so the selection record can travel anywhere.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from workloads.precision.backends.entries import get_entry
+from workloads.precision.backends.entries import backend_object, get_entry
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +99,7 @@ class Backend(ABC):
 def load_backend(name: str) -> Backend:
     """The backend object registered as ``name``, importing its module on first use."""
     entry = get_entry(name)
-    backend = getattr(importlib.import_module(entry.module), entry.attr)
+    backend = backend_object(name)
     if not isinstance(backend, Backend):
         raise TypeError(f"{entry.module}.{entry.attr} is not a workloads.precision Backend")
     return backend

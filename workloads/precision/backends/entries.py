@@ -15,8 +15,9 @@ the product, e.g. a test, at run time).
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
+
+from workloads.registry import Registry, UnknownNameError
 
 __all__ = [
     "AUTO",
@@ -24,6 +25,7 @@ __all__ = [
     "UnknownBackendError",
     "auto_order",
     "backend_names",
+    "backend_object",
     "get_entry",
     "register_backend",
     "requestable_names",
@@ -33,7 +35,7 @@ __all__ = [
 AUTO = "auto"
 
 
-class UnknownBackendError(ValueError):
+class UnknownBackendError(UnknownNameError):
     """A ``precision.backend`` value that is neither ``auto`` nor a registered backend."""
 
 
@@ -48,27 +50,28 @@ class BackendEntry:
     summary: str = ""
 
 
-_ENTRIES: dict[str, BackendEntry] = {}
+_ENTRIES: Registry[BackendEntry] = Registry("FP8 backend (precision.backend)", UnknownBackendError)
+# The backend objects, registered lazily as "module:attr": a module is imported on first use.
+_OBJECTS: Registry[object] = Registry("FP8 backend (precision.backend)", UnknownBackendError)
 
 
 def register_backend(entry: BackendEntry, *, replace: bool = False) -> BackendEntry:
     """Make ``entry`` selectable by its name; re-registering a name needs ``replace=True``."""
     if entry.name == AUTO:
         raise ValueError(f"{AUTO!r} is reserved: it picks one of the registered backends")
-    if entry.name in _ENTRIES and not replace:
-        raise ValueError(f"FP8 backend {entry.name!r} is already registered")
-    _ENTRIES[entry.name] = entry
-    return entry
+    _OBJECTS.register(entry.name, f"{entry.module}:{entry.attr}", replace=replace)
+    return _ENTRIES.register(entry.name, entry, replace=replace)
 
 
 def unregister_backend(name: str) -> None:
     """Remove a backend (tests that register a toy backend clean up with this)."""
-    _ENTRIES.pop(name, None)
+    _ENTRIES.unregister(name)
+    _OBJECTS.unregister(name)
 
 
 def backend_names() -> tuple[str, ...]:
     """Registered backends, in registration order."""
-    return tuple(_ENTRIES)
+    return _ENTRIES.names()
 
 
 def requestable_names() -> tuple[str, ...]:
@@ -85,15 +88,12 @@ def auto_order() -> tuple[str, ...]:
 
 def get_entry(name: str) -> BackendEntry:
     """The entry registered as ``name``, or UnknownBackendError with a did-you-mean hint."""
-    try:
-        return _ENTRIES[name]
-    except (KeyError, TypeError):
-        options = requestable_names()
-        close = difflib.get_close_matches(str(name), options, n=1)
-        hint = f" — did you mean {close[0]!r}?" if close else ""
-        raise UnknownBackendError(
-            f"precision.backend={name!r} is not a backend{hint} available: " + ", ".join(options)
-        ) from None
+    return _ENTRIES.get(name, options=requestable_names())
+
+
+def backend_object(name: str) -> object:
+    """The backend object registered as ``name``, its module imported now if it was not yet."""
+    return _OBJECTS.get(name, options=requestable_names())
 
 
 _PKG = "workloads.precision.backends"
