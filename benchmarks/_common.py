@@ -283,22 +283,18 @@ def build_trial(
     health: bool = False,
 ) -> InProcessTrial:
     """Load the embedded model (or a randomly initialised wider copy of its architecture when
-    ``hidden`` is given), attach LoRA and apply ``policy`` the way ``workloads.trial._run`` does.
+    ``hidden`` is given), attach LoRA and apply ``policy`` through the stages of
+    ``workloads.recipe`` (the ones a trial's ``setup`` runs), on CPU and with ``backend``.
 
     ``health``: also compute the trial's health signals at every logged step, as a trial does
     (the verdict itself, a host-side rule check once per trial, is left out)."""
-    import torch
-
-    from workloads.data import load as data_mod
-    from workloads.eval.harness import embedded_paths
+    from workloads import recipe
+    from workloads.embedded.paths import embedded_paths
     from workloads.health.monitor import HealthMonitor
     from workloads.health.rules import HealthRules
     from workloads.health.signals import AdapterProbe, base_weight_norms
     from workloads.model.loading import attach_lora, load_base_model
-    from workloads.precision.backends import apply_backend, select_backend
-    from workloads.precision.policy import get_policy
-    from workloads.precision.telemetry import Fp8Telemetry
-    from workloads.trial import _loop_settings
+    from workloads.train.memory import PeakMemory
 
     config = default_config([f"precision={policy}", f"seed={seed}", *(overrides or [])])
     tele = config["precision"]["telemetry"]
@@ -306,29 +302,28 @@ def build_trial(
         tele["enabled"] = telemetry
     if telemetry_every is not None:
         tele["every"] = telemetry_every
-    device = torch.device("cpu")
+    device = recipe.setup_runtime(recipe.RuntimeSettings(seed, "cpu", None))  # threads: the caller's
     paths = embedded_paths()
-    torch.manual_seed(seed)
     if hidden is None:
         model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
     else:
         model, tokenizer = wide_model(paths.model_dir, hidden, layers)
-    train_data = data_mod.load_training_data(config["data"], tokenizer, config["train"]["max_seq_len"], paths.data_dir)
+    train_data = recipe.setup_data(config["data"], config["train"]["max_seq_len"], tokenizer, paths.data_dir)
     model = attach_lora(model, config["lora"], seed)
     base_norms = base_weight_norms(model) if health else None  # before the backend converts the base layers
-    pol = get_policy(config["precision"]["policy"]).with_switches(**(config["precision"]["switches"] or {}))
-    telem = Fp8Telemetry(underflow_threshold_pct=tele["underflow_threshold_pct"])
-    handle = apply_backend(model, pol, telem, select_backend(backend, device))
-    batch_size = int(config["train"]["batch_size"])
+    pol, telem = recipe.setup_policy(recipe.PrecisionSettings.from_config(config["precision"]))
+    choice, handle = recipe.setup_backend(model, pol, telem, backend, device)
+    built = recipe.Trial(device, model, tokenizer, train_data, pol, telem, choice, handle,
+                         AdapterProbe(model, base_norms) if health else None, PeakMemory(device),
+                         recipe.loop_settings(config["train"], tele), int(config["train"]["batch_size"]), seed, {})
     if calibrate:
-        calib = list(data_mod.batches(train_data, batch_size, pol.calibration_steps, seed + 1))
-        handle.calibrate(lambda b: model(**b), calib)
-    model.train()
-    settings = _loop_settings(config)
-    trial = InProcessTrial(name or policy, model, handle, telem, settings, train_data, batch_size, seed, device)
+        recipe.calibrate(built)
+    else:
+        model.train()
+    trial = InProcessTrial(name or policy, model, handle, telem, built.settings, train_data, built.batch_size, seed, device)
     if health:
         rules = HealthRules.from_config(config["health"]["rules"])
-        trial.health = HealthMonitor(AdapterProbe(model, base_norms), handle, rules, step=0, early_stop=False)
+        trial.health = HealthMonitor(built.probe, handle, rules, step=0, early_stop=False)
     return trial
 
 

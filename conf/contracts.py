@@ -73,7 +73,7 @@ TAG_HEALTH_STEP = "fp8lab.health.step"  # the logged step the verdict was made a
 
 # --- trial identity -----------------------------------------------------------------------------
 # Config keys left out of a trial's id (orchestrator/trial_id.py) and of "the same configuration"
-# when a trial looks up its bf16 reference (workloads/health/reference.py).
+# when a trial looks up its bf16 reference (workloads/record/reference.py).
 # Where a trial runs, how it is recorded and scheduled, and pure throughput knobs: none of these
 # change what the trial computes.
 NON_SEMANTIC_KEYS: tuple[str, ...] = (

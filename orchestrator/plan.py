@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec, expand_sweep
 from orchestrator.preflight_child import start_preflight
-from workloads.preflight import folder_is_writable
+from fp8lab_conf.filesystem import folder_is_writable
 
 
 @dataclass

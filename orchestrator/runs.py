@@ -24,7 +24,7 @@ from fp8lab_conf.contracts import (
     TAG_STATUS, TAG_SWEEP_ID, TAG_SWEEP_NAME, TAG_TRIAL_ID, TAG_VERSION,
 )
 from orchestrator.errors import UserInputError
-from workloads.preflight import folder_is_writable  # torch-free module
+from fp8lab_conf.filesystem import folder_is_writable
 from orchestrator.matrix import TrialSpec
 
 MIN_FREE_BYTES = 16 * 2**20  # a sweep's runs, params and metrics need some room; less is a full disk

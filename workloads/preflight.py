@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fp8lab_conf.filesystem import folder_is_writable
 from workloads.eval.checks import check_eval_tasks
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.pt")
@@ -83,7 +84,7 @@ def check_data(config: dict[str, Any]) -> list[str]:
     key = json.dumps([config["data"], config["eval"], config["model"]], sort_keys=True, default=str)
     if key not in _DATA_CHECKED:
         from workloads.data.checks import check_data_inputs
-        from workloads.eval.harness import embedded_paths
+        from workloads.embedded.paths import embedded_paths
 
         paths = embedded_paths()
         _DATA_CHECKED[key] = check_data_inputs(config, paths.data_dir, paths.model_dir)
@@ -154,17 +155,6 @@ def check_output(output: str | None) -> list[str]:
     if not folder_is_writable(folder):
         return [f"trial.output: folder {folder} is not writable (fix: choose a writable trial.output)"]
     return []
-
-
-def folder_is_writable(folder: Path) -> bool:
-    """Really create (and remove) a file: os.access says yes to root even where writes fail."""
-    probe = folder / f".fp8lab-write-probe-{os.getpid()}"
-    try:
-        probe.write_text("")
-        probe.unlink()
-        return True
-    except OSError:
-        return False
 
 
 def check_cluster_gpus(cluster_cfg: dict[str, Any]) -> list[str]:

@@ -52,7 +52,8 @@ def test_adapter_artifact_loads_with_lm_evals_peft_argument_at_the_trial_accurac
     from lm_eval.models.huggingface import HFLM
     from peft import PeftModel
 
-    from workloads.eval.harness import embedded_paths, evaluate_model
+    from workloads.eval.harness import evaluate_model
+    from workloads.embedded.paths import embedded_paths
 
     adapter = trial.client.download_artifacts(trial.run.info.run_id, "adapter", str(tmp_path))
     lm = HFLM(pretrained=str(embedded_paths().model_dir), peft=adapter, dtype="bfloat16", device="cpu")  # lm-eval's loader

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workloads.eval.harness import embedded_paths, evaluate_model
+    from workloads.eval.harness import evaluate_model
+    from workloads.embedded.paths import embedded_paths
 
     paths = embedded_paths()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -159,7 +159,7 @@ def _tokenizer(model_cfg: dict[str, Any]) -> Any:
     resolution as in model_loading, without importing PEFT for it (seconds, in every preflight)."""
     from transformers import AutoTokenizer
 
-    from workloads.eval.harness import embedded_paths
+    from workloads.embedded.paths import embedded_paths
 
     name = model_cfg["name_or_path"]
     local = Path(name).expanduser()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
-import importlib.resources
 import json
 import logging
 import random
@@ -25,22 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from workloads.embedded.paths import embedded_paths
 from workloads.eval.metrics import EMBEDDED_TASK, TaskInfo, item_values, metric_label, resolve_primary, task_metrics
-
-
-@dataclass(frozen=True)
-class EmbeddedPaths:
-    model_dir: Path  # base model + tokenizer (save_pretrained folder)
-    data_dir: Path  # {train,validation,test}.jsonl
-    tasks_dir: Path  # lm-eval task YAMLs (pass as include_path)
-
-
-def embedded_paths() -> EmbeddedPaths:
-    """Folders of the model, task data and task YAMLs shipped in the `workloads.embedded` package
-    (real files both in a checkout and in an installed wheel)."""
-    root = importlib.resources.files("workloads.embedded")
-    base = Path(str(root))
-    return EmbeddedPaths(base / "assets" / "base_model", base / "assets" / "task", base / "tasks")
 
 
 def _include_paths(include_path: str | Path | list[str | Path] | None) -> tuple[str, ...]:

@@ -58,9 +58,9 @@ def check_exportable(run: Any, fmt: str, out_dir: Path) -> None:
 
 def export_run(tracking_uri: str, run_id: str, fmt: str, out_dir: Path) -> ExportResult:
     """Write run `run_id` in format `fmt` into `out_dir` (which must not hold anything yet)."""
-    from mlflow.tracking import MlflowClient
+    from workloads.record.store import store_client
 
-    client = MlflowClient(tracking_uri)
+    client = store_client(tracking_uri)
     try:
         run = client.get_run(run_id)
     except Exception as exc:  # noqa: BLE001 - MLflow raises several types for a missing run
@@ -129,7 +129,7 @@ def folder_bytes(folder: Path) -> int:
 
 def base_model_path(config: dict[str, Any]) -> tuple[str, bool]:
     """(local folder or hub id of the trial's base model, trust_remote_code)."""
-    from workloads.eval.harness import embedded_paths
+    from workloads.embedded.paths import embedded_paths
     from workloads.model.loading import resolve_model_path
 
     model_cfg = config["model"]

@@ -14,7 +14,7 @@ import torch
 
 from orchestrator.config_loader import compose_config, to_container
 from workloads.data.load import batches, load_training_data
-from workloads.eval.harness import embedded_paths
+from workloads.embedded.paths import embedded_paths
 from workloads.model.loading import load_base_model
 
 MC = {"prompt": "Which is largest: 3, 8?\nAnswer:", "choices": ["3", "8"], "answer": 1}
@@ -102,7 +102,7 @@ def _train_two_steps(config: dict, model_dir: Path | None = None) -> Any:
     from workloads.precision.policy import get_policy
     from workloads.precision.telemetry import Fp8Telemetry
     from workloads.train.loop import run_training
-    from workloads.trial import _loop_settings
+    from workloads.recipe import loop_settings
 
     cpu = torch.device("cpu")
     if model_dir is not None:
@@ -112,7 +112,7 @@ def _train_two_steps(config: dict, model_dir: Path | None = None) -> Any:
     model = attach_lora(model, config["lora"], 0)
     telemetry = Fp8Telemetry(underflow_threshold_pct=10.0)
     handle = apply_backend(model, get_policy("bf16"), telemetry, select_backend("emulated", cpu))
-    settings = _loop_settings(config)
+    settings = loop_settings(config["train"], config["precision"]["telemetry"])
     return run_training(model, handle, telemetry, lambda start: batches(data, 2, settings.steps, 0, start), settings, _NoLogger())
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.config_loader import compose_config, to_container
 from workloads.data.checks import check_data_inputs
-from workloads.eval.harness import embedded_paths
+from workloads.embedded.paths import embedded_paths
 
 GOOD = {"prompt": "Which is largest: 1, 9?", "choices": ["1", "9"], "answer": 1}
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.unit.workloads.eval.eval_task_files import GEN, MC, PPL, write_tasks
 from workloads.eval.checks import check_eval_tasks
-from workloads.eval.harness import embedded_paths
+from workloads.embedded.paths import embedded_paths
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workloads.eval.harness import check_task_exists, embedded_paths, evaluate_model
+from workloads.eval.harness import check_task_exists, evaluate_model
+from workloads.embedded.paths import embedded_paths
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.unit.workloads.eval.eval_task_files import GEN, MC, PPL, write_tasks
 from workloads.eval.metrics import primary_figure
-from workloads.eval.harness import embedded_paths, evaluate_tasks
+from workloads.eval.harness import evaluate_tasks
+from workloads.embedded.paths import embedded_paths
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def test_fewshot_and_chat_template_reach_lm_eval(tiny, task_dir, monkeypatch):
 
 
 class _Recorder:
-    """Stands in for MlflowTrialLogger: what the trial would write to its run."""
+    """Stands in for MlflowTrialLogger under the TrialRecorder: what the trial writes to its run."""
 
     def __init__(self):
         self.tags, self.files = {}, {}
@@ -121,7 +122,9 @@ class _Recorder:
 def test_trial_evaluation_names_metrics_and_writes_samples(tiny, task_dir):
     """The trial's eval step: eval/accuracy is the named task's primary, every task's metrics are
     logged (under eval/base/ before training), samples and tags go to the run."""
-    from workloads.trial import _evaluate
+    from workloads import recipe
+    from workloads.eval.metrics import safe_name
+    from workloads.record.recorder import TrialRecorder
 
     model, tokenizer = tiny
     ev = {"task": None, "tasks": [MC, GEN], "metrics": None, "primary": GEN, "include_path": str(task_dir),
@@ -129,12 +132,13 @@ def test_trial_evaluation_names_metrics_and_writes_samples(tiny, task_dir):
           "fewshot_as_multiturn": False, "system_instruction": None}
     config = {"eval": ev, "data": {"path": "embedded"}}
     recorder = _Recorder()
-    final = _evaluate(model, tokenizer, config, torch.device("cpu"), logger=recorder)
+    final, out = recipe.evaluate(model, tokenizer, config["eval"], config["data"]["path"], torch.device("cpu"))
+    TrialRecorder("unused", "run", logger=recorder).eval(out, recipe.eval_aggregate(config["eval"]), safe_name)
     assert final["eval/accuracy"] == final[f"eval/{GEN}/exact_match.strict-match"] and final["eval/n"] == 6
     assert {f"eval/{MC}/acc", f"eval/{MC}/acc_norm", f"eval/{GEN}/exact_match.flexible-extract"} <= set(final)
     assert json.loads(recorder.tags["fp8lab.eval_primary"]) == {MC: "acc", GEN: "exact_match.strict-match"}
     assert recorder.tags["fp8lab.eval_aggregate"] == GEN
     assert set(recorder.files) == {f"eval/samples/{MC}.jsonl", f"eval/samples/{GEN}.jsonl", "eval/results.json"}
     assert len(recorder.files[f"eval/samples/{GEN}.jsonl"].splitlines()) == 3
-    base = _evaluate(model, tokenizer, config, torch.device("cpu"), prefix="eval/base_")
+    base, _ = recipe.evaluate(model, tokenizer, config["eval"], config["data"]["path"], torch.device("cpu"), prefix="eval/base_")
     assert "eval/base_accuracy" in base and f"eval/base/{MC}/acc" in base and not any(k.startswith("eval/tiny") for k in base)

@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from workloads.eval.harness import embedded_paths
+from workloads.embedded.paths import embedded_paths
 from workloads.export.adapter import load_with_adapter, merged_model, save_adapter
 from workloads.export.fp8_block import (BLOCK, NothingToQuantize, dequantize_checkpoint, expected_scale_shape,
                                         quantizable_linears, write_fp8_checkpoint)

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from workloads import trial
+from workloads.record.recorder import TrialRecorder
 from fp8lab_conf.contracts import TAG_LADDER, TAG_LADDER_BASE, TAG_MECHANISM, TAG_MECHANISM_DESC
 from workloads.precision.ladder import MECHANISMS
 from workloads.precision.policy import get_policy
@@ -33,8 +34,11 @@ class FakeLogger:
 )
 def test_ladder_tags(name, expected):
     logger, policy = FakeLogger(), get_policy(name)
-    handle = SimpleNamespace(backend="emulated", emulated=True, plan=[])
-    trial._log_setup(logger, {"seed": 0}, {"device": "cpu"}, handle, policy)
+    handle = SimpleNamespace(backend="emulated", emulated=True, plan=[], deviations=[])
+    built = SimpleNamespace(handle=handle, policy=policy, choice=SimpleNamespace(reason="asked for"))
+    result = {"device": "cpu"}
+    trial._SetupRecord({"seed": 0}, TrialRecorder("unused", "run", logger=logger), result).on_precision(built)
+    assert result["backend"] == "emulated" and result["deviations"] == []
     tags = logger.tags
     assert (tags[TAG_LADDER], tags[TAG_LADDER_BASE], tags[TAG_MECHANISM]) == expected
     assert tags[TAG_MECHANISM_DESC] == (MECHANISMS[expected[2]].description if expected[2] else "")

@@ -1,0 +1,269 @@
+"""The recipe spine of a trial (after torchtune's recipes): ``setup`` reads as the list of stages.
+
+Each stage function takes its own part of the config (or a frozen settings object made from
+it) and explicit values, never the whole config, so a reader sees what a stage depends on and
+the benchmarks can build a trial from the same stages (``benchmarks/_common.build_trial``).
+The order of the stages is the order of the random-number draws: changing it changes the
+numbers, so it is fixed here, once.
+
+``workloads.trial`` keeps only the run's lifecycle around this: start, result, close.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+
+from fp8lab_conf.contracts import (
+    METRIC_FINAL_LOSS, METRIC_STEPS_DONE, METRIC_TOKENS_PER_S, METRIC_TRAIN_WALL_S, METRIC_UNDERFLOW_EVENTS,
+)
+from workloads.data import load as data_mod
+from workloads.eval.harness import evaluate_tasks
+from workloads.embedded.paths import embedded_paths
+from workloads.eval.metrics import PRIMARY_MEAN, configured_tasks, eval_data_dirs, primary_figure, task_metrics
+from workloads.health.monitor import HealthMonitor, verdict_step
+from workloads.health.rules import HealthRules
+from workloads.health.signals import AdapterProbe, base_weight_norms
+from workloads.model.loading import attach_lora, load_base_model
+from workloads.precision.backends import apply_backend, select_backend
+from workloads.precision.policy import PrecisionPolicy, get_policy
+from workloads.precision.telemetry import Fp8Telemetry
+from workloads.train.checkpoint import Checkpointer
+from workloads.train.loop import LoopSettings, TrainResult
+from workloads.train.memory import PeakMemory
+
+log = logging.getLogger("fp8lab.trial")
+
+
+# -- settings: one frozen dataclass per config part ------------------------------------------
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Threads, seed and device (``train.num_threads``, ``seed``, ``train.device``)."""
+
+    seed: int
+    device: str
+    num_threads: int | None
+
+    @classmethod
+    def from_config(cls, train_cfg: dict[str, Any], seed: int) -> RuntimeSettings:
+        threads = train_cfg.get("num_threads") or int(os.environ.get("OMP_NUM_THREADS", 0)) or None
+        return cls(int(seed), str(train_cfg["device"]), int(threads) if threads else None)
+
+
+@dataclass(frozen=True)
+class PrecisionSettings:
+    """The policy (with its switches), the backend asked for, the telemetry threshold."""
+
+    policy: str
+    switches: tuple[tuple[str, Any], ...]
+    backend: str
+    underflow_threshold_pct: float
+
+    @classmethod
+    def from_config(cls, precision_cfg: dict[str, Any]) -> PrecisionSettings:
+        switches = tuple((precision_cfg["switches"] or {}).items())
+        return cls(precision_cfg["policy"], switches, precision_cfg["backend"],
+                   precision_cfg["telemetry"]["underflow_threshold_pct"])
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """When the verdict falls, the rules, the reference policy, and whether doomed trials stop
+    (``sweep.early_stop``, handed in by the caller: the sweep part is not the health stage's)."""
+
+    at: float
+    reference_policy: str
+    rules: Any
+    early_stop: bool
+
+    @classmethod
+    def from_config(cls, health_cfg: dict[str, Any], early_stop: bool) -> HealthSettings:
+        return cls(float(health_cfg["at"]), health_cfg["reference_policy"], health_cfg["rules"], bool(early_stop))
+
+
+def loop_settings(train_cfg: dict[str, Any], telemetry_cfg: dict[str, Any]) -> LoopSettings:
+    """The training loop's settings from ``train`` and ``precision.telemetry``."""
+    return LoopSettings(
+        steps=train_cfg["steps"], lr=train_cfg["lr"], weight_decay=train_cfg["weight_decay"],
+        warmup_steps=train_cfg["warmup_steps"], lr_schedule=train_cfg["lr_schedule"], grad_clip=train_cfg["grad_clip"],
+        log_every=train_cfg["log_every"],
+        telemetry_every=telemetry_cfg["every"] if telemetry_cfg["enabled"] else None,
+    )
+
+
+# -- what setup leaves ready to train ---------------------------------------------------------
+@dataclass
+class Trial:
+    """A trial as ``setup`` leaves it: everything the loop, evaluation and recording need."""
+
+    device: torch.device
+    model: Any
+    tokenizer: Any
+    train_data: data_mod.TokenizedData
+    policy: PrecisionPolicy
+    telemetry: Fp8Telemetry
+    choice: Any
+    handle: Any
+    probe: AdapterProbe | None  # None: no health signals (a benchmark without them)
+    memory: PeakMemory
+    settings: LoopSettings
+    batch_size: int
+    seed: int
+    base_metrics: dict[str, float]
+
+    def batches(self, start_step: int = 0) -> Any:
+        """The training batches after ``start_step`` (deterministic in seed and step)."""
+        return data_mod.batches(self.train_data, self.batch_size, self.settings.steps, self.seed, start_step)
+
+
+class SetupHooks(Protocol):
+    """What a caller sees while ``setup`` runs (the trial records each as it happens)."""
+
+    def on_device(self, device: torch.device) -> None: ...
+    def on_rows(self, rows: Any, embedded_dir: Path) -> None: ...
+    def on_precision(self, trial: Trial) -> None: ...
+
+
+def setup(config: dict[str, Any], hooks: SetupHooks | None = None) -> Trial:
+    """The stages of a trial, in order. ``hooks`` see the device once chosen, the training rows
+    before tokenization (the run's dataset input), and the trial once its backend is applied
+    (what ran), before calibration."""
+    seed = int(config["seed"])
+    device = setup_runtime(RuntimeSettings.from_config(config["train"], seed))
+    if hooks is not None:
+        hooks.on_device(device)
+    paths = embedded_paths()
+    memory = PeakMemory(device)
+    model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
+    train_data = setup_data(config["data"], int(config["train"]["max_seq_len"]), tokenizer, paths.data_dir,
+                            hooks.on_rows if hooks is not None else None)
+    model = attach_lora(model, config["lora"], seed)
+    base_norms = base_weight_norms(model)  # before the backend converts base layers: their BF16 norms
+    precision = PrecisionSettings.from_config(config["precision"])
+    policy, telemetry = setup_policy(precision)
+    base_metrics = (evaluate(model, tokenizer, config["eval"], config["data"]["path"], device, prefix="eval/base_")[0]
+                    if config["eval"]["before_training"] else {})
+    choice, handle = setup_backend(model, policy, telemetry, precision.backend, device)
+    trial = Trial(device, model, tokenizer, train_data, policy, telemetry, choice, handle,
+                  AdapterProbe(model, base_norms),  # after the backend: it watches what the optimizer updates
+                  memory, loop_settings(config["train"], config["precision"]["telemetry"]),
+                  int(config["train"]["batch_size"]), seed, base_metrics)
+    if hooks is not None:
+        hooks.on_precision(trial)
+    calibrate(trial)
+    return trial
+
+
+# -- the stages -----------------------------------------------------------------------------
+def setup_runtime(runtime: RuntimeSettings) -> torch.device:
+    """Threads, seeds and device in one place (like nanoGPT's single setup block)."""
+    if runtime.num_threads:
+        torch.set_num_threads(runtime.num_threads)
+    torch.manual_seed(runtime.seed)
+    if runtime.device == "cuda" or (runtime.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", 0)  # Ray's CUDA_VISIBLE_DEVICES makes the assigned GPU cuda:0
+    return torch.device("cpu")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{device.index or 0} {torch.cuda.get_device_name(device)}"
+    return "cpu"
+
+
+def setup_data(data_cfg: dict[str, Any], max_seq_len: int, tokenizer: Any, embedded_dir: Path,
+               on_rows: Callable[[Any, Path], None] | None = None) -> data_mod.TokenizedData:
+    """The training split, tokenized; ``on_rows`` sees the rows first (the run's dataset input)."""
+    rows = data_mod.load_training_rows(data_cfg, embedded_dir)
+    if on_rows is not None:
+        on_rows(rows, embedded_dir)
+    return data_mod.tokenize_rows(rows, data_cfg, tokenizer, max_seq_len)
+
+
+def setup_policy(precision: PrecisionSettings) -> tuple[PrecisionPolicy, Fp8Telemetry]:
+    """The registered policy with its switches, and the telemetry collector it reports into."""
+    policy = get_policy(precision.policy).with_switches(**dict(precision.switches))
+    return policy, Fp8Telemetry(underflow_threshold_pct=precision.underflow_threshold_pct)
+
+
+def setup_backend(model: Any, policy: PrecisionPolicy, telemetry: Fp8Telemetry, backend: str,
+                  device: torch.device) -> tuple[Any, Any]:
+    """(the backend choice, the handle) after applying ``policy`` to ``model`` through it."""
+    choice = select_backend(backend, device)
+    return choice, apply_backend(model, policy, telemetry, choice)
+
+
+def calibrate(trial: Trial) -> None:
+    """Calibration forwards on their own batches (seed + 1), then the model goes to training."""
+    calib = list(data_mod.batches(trial.train_data, trial.batch_size, trial.policy.calibration_steps, trial.seed + 1))
+    trial.handle.calibrate(lambda b: trial.model(**{k: v.to(trial.device) for k, v in b.items()}), calib)
+    trial.model.train()
+
+
+def setup_health(health: HealthSettings, trial: Trial, reference: Callable[[int], float | None] | None,
+                 logger: Any) -> HealthMonitor:
+    """Signals at every logged step, the verdict at ``health.at``, the stop if early stop is on."""
+    step, note = verdict_step(health.at, trial.settings.steps, trial.settings.log_every, trial.settings.telemetry_every)
+    if note:
+        log.info("health: %s", note)
+    return HealthMonitor(trial.probe, trial.handle, HealthRules.from_config(health.rules), step,
+                         health.early_stop, reference, logger)
+
+
+def setup_checkpointer(train_cfg: dict[str, Any], trial_id: str, run_id: str) -> Checkpointer | None:
+    """Checkpoints every ``train.checkpoint_every`` steps under ``train.checkpoint_dir/<trial_id>``
+    (None when off)."""
+    every = int(train_cfg["checkpoint_every"])
+    if every <= 0:
+        return None
+    root = Path(train_cfg["checkpoint_dir"] or "fp8lab-checkpoints").expanduser().resolve()
+    return Checkpointer(root / trial_id, every, run_id)
+
+
+def train_metrics(train: TrainResult, trial: Trial) -> dict[str, float]:
+    return {
+        METRIC_TOKENS_PER_S: train.tokens_per_s,
+        METRIC_FINAL_LOSS: train.final_loss,
+        METRIC_TRAIN_WALL_S: train.wall_s,
+        METRIC_STEPS_DONE: float(train.steps_done),
+        METRIC_UNDERFLOW_EVENTS: float(train.underflow_events),
+        "memory/peak_bytes": float(trial.memory.peak_bytes()),
+        "memory/base_weight_bytes": float(trial.handle.base_weight_bytes()),
+    }
+
+
+def evaluate(model: Any, tokenizer: Any, eval_cfg: dict[str, Any], data_path: Any, device: torch.device,
+             prefix: str = "eval/") -> tuple[dict[str, float], dict[str, Any]]:
+    """(metrics, lm-eval's output) of one evaluation of every configured task: ``<prefix>accuracy``
+    (+ stderr) is the primary figure ``eval.primary`` chooses, ``eval/<task>/<metric>`` (+ stderr)
+    every number lm-eval returned (``eval/base/<task>/...`` before training). ``data_path`` is
+    ``data.path``: a data folder may hold the tasks' data too."""
+    names = configured_tasks(eval_cfg)
+    started = time.perf_counter()
+    model.eval()
+    with torch.no_grad():
+        out = evaluate_tasks(
+            model, tokenizer, names, metrics=eval_cfg.get("metrics") or {},
+            data_dirs=eval_data_dirs(data_path, names),
+            include_path=eval_cfg["include_path"], limit=eval_cfg["limit"], batch_size=eval_cfg["batch_size"],
+            num_fewshot=eval_cfg["num_fewshot"], apply_chat_template=eval_cfg.get("apply_chat_template", False),
+            fewshot_as_multiturn=eval_cfg.get("fewshot_as_multiturn", False),
+            system_instruction=eval_cfg.get("system_instruction"), device=str(device),
+        )
+    accuracy, stderr = primary_figure(out["tasks"], eval_aggregate(eval_cfg))
+    metrics = {f"{prefix}accuracy": accuracy, f"{prefix}accuracy_stderr": stderr,
+               f"{prefix}n": float(sum(t["n"] for t in out["tasks"].values()))}
+    for name, one in out["tasks"].items():
+        metrics.update(task_metrics(name, one["raw"], prefix if prefix == "eval/" else prefix.rstrip("_") + "/"))
+    metrics[f"{prefix}wall_s"] = time.perf_counter() - started
+    return metrics, out
+
+
+def eval_aggregate(eval_cfg: dict[str, Any]) -> str:
+    """What ``eval/accuracy`` aggregates over several tasks (``eval.primary``, default the mean)."""
+    return eval_cfg.get("primary") or PRIMARY_MEAN
