@@ -185,7 +185,7 @@ class ScalingRecipe:
     def __post_init__(self) -> None:
         errors = []
         if self.kind not in KINDS:
-            errors.append(f"kind: {unknown_name_message(KINDS.what, self.kind, KINDS)}")
+            errors.append(f"kind={self.kind!r}: {unknown_name_message(KINDS.what, self.kind, KINDS)}")
         if self.amax_compute_algo not in AMAX_ALGOS:
             errors.append(f"amax_compute_algo={self.amax_compute_algo!r} not in {AMAX_ALGOS}")
         if self.amax_history_len < 1:
