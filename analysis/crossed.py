@@ -112,8 +112,9 @@ def null_floor(margin: float, score_range: float | None, sx: int, sy: int, items
     discordant (seed, item) cells, each worth ±r: per cell Var >= m(r - m), so
     Var(Δ̂) >= m(r - m) / (S·n). The observed variance can be far lower exactly when few cells
     happened to disagree, and then Δ̂ is also nearer 0 — the Wald-interval problem of a rare
-    proportion, which put false equivalence at 7% in the calibration without this floor (the
-    null-restricted variance of a score test, as in Tango's test for paired proportions).
+    proportion, which put false equivalence at up to 10% in the calibration without this floor
+    (the null-restricted variance of a score test, as in Tango's test for paired proportions).
+    The caller scales it by the observed design effect (clustering of the cells).
     """
     if score_range is None or not 0 < margin < score_range:
         return 0.0
@@ -148,8 +149,8 @@ def _paired_terms(d: np.ndarray) -> tuple[list[Term], VarianceParts, list[str]]:
     """Var(mean d) = [MS_s + max(MS_i - MS_r, 0)] / (S·n), as c·MS terms.
 
     MS_s / n is the variance of the seed means (seed + residual / n), so the seed term is never
-    dropped: truncating an S - 1 = 1 df estimate at zero whenever it falls below MS_r (often, with
-    one df) put false equivalence at 10% in the calibration. The item term is truncated.
+    dropped, even when its S - 1 = 1 df estimate falls below MS_r (often, with one df): it is the
+    only seed information there is. The item term is truncated at zero.
     """
     s, n = d.shape
     ms_seed, ms_item, ms_res = _mean_squares(d)
