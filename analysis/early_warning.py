@@ -47,7 +47,8 @@ def outcomes(trials: pd.DataFrame, options: ReportOptions) -> pd.Series:
             if not (fmt.ok(acc) and fmt.ok(ref_acc)):
                 out.append("unknown")
             else:
-                out.append("bad" if 100 * (ref_acc - acc) > MARGIN_PTS else "ok")
+                # rounded: 0.9575 - 0.9075 is 5.000000000000004 points, which is not "more than 5"
+                out.append("bad" if round(100 * (ref_acc - acc), 9) > MARGIN_PTS else "ok")
     return pd.Series(out, index=trials.index, dtype=str)
 
 

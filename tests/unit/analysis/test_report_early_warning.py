@@ -50,6 +50,12 @@ def test_outcomes_compare_with_bf16_of_the_same_axes_and_seed(trials: pd.DataFra
                    "u0": "unknown", "s0": ""}
 
 
+def test_exactly_the_margin_below_bf16_is_ok_despite_float_rounding() -> None:
+    raw = pd.DataFrame([_row("b1", "bf16", 1, 0.9575, "healthy"), _row("x1", "fp8_store", 1, 0.9075, "healthy")])
+    kept, _ = dedupe_trials(tidy_runs(raw))
+    assert outcomes(kept, ReportOptions()).tolist() == ["reference", "ok"]
+
+
 def test_scoring_counts_precision_recall_and_saved_share(trials: pd.DataFrame) -> None:
     score = scoring(trials, ReportOptions())
     assert (score["tp"], score["fp"], score["fn"]) == (1, 1, 2)
