@@ -1,6 +1,6 @@
 """Which evidence a comparison of two groups of trials uses, and Holm across a report's comparisons.
 
-`compare` picks the method from what the runs logged (see `analysis.paired`): the paired bootstrap
+`compare` picks the method from what the runs logged (see `analysis.paired`): the seeds x items t-test
 when every counted run of both groups has per-item results of the compared task on common items,
 otherwise the binomial standard error of each seed plus the seed variance. The chosen method is in
 the result and in the report.
@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.options import ReportOptions
-from analysis.paired import Comparison, binomial_seeds, holm, paired_bootstrap, stable_seed
+from analysis.crossed import seed_item_test
+from analysis.paired import Comparison, binomial_seeds, holm
 
 _EMPTY_SAMPLES = pd.DataFrame(columns=["run_id", "task", "doc_id", "metric", "value"])
 
@@ -135,14 +136,12 @@ def _try_paired(
         if any(b is None for b in blocks):
             return None
         raw = [ev.by_run[str(r)][t].to_numpy(float) for r in both["run_id"] for t in tasks]
-        ev.done[key] = paired_bootstrap(
+        ev.done[key] = seed_item_test(
             [b[0] for b in blocks],  # type: ignore[index]
             [b[1] for b in blocks],  # type: ignore[index]
             paired_seeds=paired,
             margin=options.equivalence_margin_pts,
             confidence=options.confidence,
-            reps=options.bootstrap_reps,
-            seed=stable_seed(options.bootstrap_seed, label),
             score_range=_range_of(*raw),
         )
     return ev.done[key]

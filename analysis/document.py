@@ -46,13 +46,16 @@ def _axes_of(frame: pd.DataFrame) -> list[str]:
     return axis_columns(frame)
 
 
-def _verdict_word(row: pd.Series) -> str:
-    """The comparison's outcome in one or two words (after Holm)."""
+def _verdict_word(row: pd.Series, low_evidence_seeds: int) -> str:
+    """The comparison's outcome in one or two words (after Holm); an equivalence below
+    `low_evidence_seeds` compared seeds is only provisional."""
     sig, eq = row.get("significant"), row.get("equivalent")
     if isinstance(sig, (bool, np.bool_)) and sig:
         return "better" if float(row["delta_pts"]) > 0 else "worse"
     if isinstance(eq, (bool, np.bool_)) and eq:
-        return "equivalent"
+        seeds = row.get("cmp_seeds")
+        seeds = int(seeds) if fmt.ok(seeds) else int(row["n_seeds"])
+        return f"provisionally equivalent ({seeds} seeds)" if seeds < low_evidence_seeds else "equivalent"
     if isinstance(sig, (bool, np.bool_)):
         return "not distinguishable"
     note = str(row["delta_note"])
@@ -90,7 +93,7 @@ def quality_table(summary: pd.DataFrame, options: ReportOptions) -> pd.DataFrame
             "method": "—" if is_base else (r["method"] or fmt.NA),
             "p (Holm)": "—" if is_base else fmt.pvalue(r["p_holm"]),
             f"TOST ±{options.equivalence_margin_pts:g} p (Holm)": "—" if is_base else fmt.pvalue(r.get("tost_p_holm")),
-            "verdict": _verdict_word(r),
+            "verdict": _verdict_word(r, options.low_evidence_seeds),
             **_task_cells(r, tasks, base, options),
             "final loss": fmt.num(r["final_loss_mean"], 3),
             "underflow events": fmt.num(r["underflow_events_mean"], 1),
@@ -463,22 +466,20 @@ def statistics_blocks(inp: ReportInputs) -> list[Block]:
                 "times counts once.",
                 f"Mean over seeds: Student t-interval, mean ± t(n−1) × s/√n at {o.confidence:.0%}, clipped to the "
                 f"metric's possible range; below {o.low_evidence_seeds} seeds the per-seed values are shown instead.",
-                f"Accuracy difference vs `{base}`, **paired bootstrap** when every compared run logged per-item "
+                f"Accuracy difference vs `{base}`, **seeds x items t** when every compared run logged per-item "
                 "results (`eval/samples/<task>.jsonl`) on common items: every policy answers the same items, so the "
-                "difference is paired on items, and on seeds when both sides ran the same seeds. Items are shared by "
-                f"all seeds, so each of {o.bootstrap_reps} replicates resamples the seeds and one set of items that "
-                "every drawn seed uses (a crossed design: item noise is not divided by the number of seeds). "
-                f"Percentile {o.confidence:.0%} interval; p-values by inverting it; seeded "
-                f"(`bootstrap_seed={o.bootstrap_seed}`), so the report is reproducible.",
+                "difference is paired on items, and on seeds when both sides ran the same seeds; seeds and items are "
+                "crossed (item noise is not divided by the number of seeds). Var(Δ) = σ²(seed)/S + σ²(item)/n + "
+                "σ²(residual)/(S·n) from the two-way ANOVA mean squares, with a t quantile on Satterthwaite's degrees "
+                "of freedom: the seed term is estimated from S − 1 df, so with 2 seeds and seed-dominated noise the "
+                f"quantile is t(1). At the margin this keeps false 'as good as' at or below {o.alpha:.0%} for 2, 3 "
+                "and 5 seeds (docs/statistics.md); a bootstrap over 2 seeds reached 9%.",
                 "Few discordant items (items on which not every compared run scored alike; the verdict gives their "
-                "number) make a percentile bootstrap too confident — with none at all it is a point mass at 0 and "
-                "would call anything equivalent. So every replicate also adds N₊ − N₋ pseudo discordant items "
-                "(N± ~ Poisson(½): the bootstrap draws of the ½ pseudo-count Agresti and Min (2005) add to each "
-                "discordant cell of the paired 2×2 table), each worth the metric's range (100 points for a 0/1 "
-                "metric) over the task's items; the interval, the p-values and TOST all come from these replicates. "
-                "The added variance is (range/items)²: it is negligible with many discordant items, while 0 "
-                "discordant of 40 items gives a 95% interval of about ±5 points (rule of three: up to 7.5% of such "
-                "items could still differ), and 0 of 2000 about ±0.1.",
+                "number) would make the interval too confident — with none at all the variance is 0 and anything "
+                "would look equivalent. So the Agresti and Min (2005) ½ pseudo-count per discordant cell of the "
+                "paired 2×2 table is added as known item variance: (range/items)² per task, with range the metric's "
+                "(100 points for a 0/1 metric). It is negligible with many discordant items, while 0 discordant of "
+                "40 items gives a 95% interval of about ±5 points, and 0 of 2000 about ±0.1.",
                 f"Otherwise **binomial + seeds**: Var(Δ) = s²/n of each side's seed accuracies + each side's mean "
                 "squared `eval/accuracy_stderr` (item noise, shared by a side's seeds), t quantile with "
                 "Welch–Satterthwaite df; conservative, as it ignores the pairing on items. Without a stderr it is "

@@ -4,7 +4,9 @@ and how well the verdict predicted the trials that ran to the end.
 Outcome of a trial that ran to the end (FINISHED or DIVERGED): **bad** when it diverged, or its
 accuracy is more than `MARGIN_PTS` points below the baseline-policy trial with the same seed and
 the same values of the other sweep axes; **ok** otherwise; **unknown** without that reference
-accuracy. The verdict is the `fp8lab.health.verdict` tag the trial logged live at its verdict
+accuracy; **reference** for the baseline policy's own trials, which are the yardstick of every
+outcome and so would always score "ok" against themselves (they are not scored). The verdict is
+the `fp8lab.health.verdict` tag the trial logged live at its verdict
 step; `doomed` is the positive call (what `sweep.early_stop` acts on).
 
 Trial time early stop would have saved on a trial called doomed: the training after the verdict
@@ -28,7 +30,7 @@ VERDICT_ORDER = ("doomed", "at_risk", "healthy", "none")
 
 
 def outcomes(trials: pd.DataFrame, options: ReportOptions) -> pd.Series:
-    """bad / ok / unknown per trial that ran to the end (others: "")."""
+    """bad / ok / unknown / reference per trial that ran to the end (others: "")."""
     axes = axis_columns(trials)
     base = trials[(trials["policy"] == options.baseline_policy) & trials["counted"]]
     ref = {(*(r[a] for a in axes), r["seed"]): r["accuracy"] for _, r in base.iterrows()}
@@ -36,6 +38,8 @@ def outcomes(trials: pd.DataFrame, options: ReportOptions) -> pd.Series:
     for _, r in trials.iterrows():
         if not r["counted"]:
             out.append("")
+        elif r["policy"] == options.baseline_policy:
+            out.append("reference")
         elif r["status"] == "DIVERGED":
             out.append("bad")
         else:
@@ -43,7 +47,8 @@ def outcomes(trials: pd.DataFrame, options: ReportOptions) -> pd.Series:
             if not (fmt.ok(acc) and fmt.ok(ref_acc)):
                 out.append("unknown")
             else:
-                out.append("bad" if 100 * (ref_acc - acc) > MARGIN_PTS else "ok")
+                # rounded: 0.9575 - 0.9075 is 5.000000000000004 points, which is not "more than 5"
+                out.append("bad" if round(100 * (ref_acc - acc), 9) > MARGIN_PTS else "ok")
     return pd.Series(out, index=trials.index, dtype=str)
 
 
@@ -135,7 +140,8 @@ def early_warning_blocks(trials: pd.DataFrame, options: ReportOptions) -> list:
     blocks += [
         Para(f"How the live verdict predicted the outcome of the {n} trial(s) that ran to the end. Bad outcome: "
              f"diverged, or more than {MARGIN_PTS:g} points below `{options.baseline_policy}` with the same seed and "
-             "other axis values. Positive call: **doomed** (what `sweep.early_stop` stops)."),
+             "other axis values. Positive call: **doomed** (what `sweep.early_stop` stops). "
+             f"`{options.baseline_policy}` trials are the reference and are not scored."),
         Table(confusion_table(score)),
         Bullets([f"precision (doomed calls that were bad): {fmt.num(score['precision'], 2)} "
                  f"({score['tp']} of {score['tp'] + score['fp']})",

@@ -426,7 +426,8 @@ def _heatmap_one(
     if img is not None and cax is not None:
         fig.colorbar(img, cax=cax, label="underflow % (mean over seeds)")
     cap = (
-        "Share of non-zero elements flushed to zero by the FP8 cast (TE LogFp8TensorStats definition), "
+        "Elements flushed to zero by the FP8 cast (non-zero before, zero after) as a share of all elements "
+        "of the tensor (TE LogFp8TensorStats underflows%), "
         "mean over seeds; one square-root colour scale for every policy, so the heatmaps compare and small "
         "values stay visible."
         + (

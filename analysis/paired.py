@@ -2,19 +2,13 @@
 
 Pure numpy/scipy on arrays (no pandas, no MLflow). Two methods, chosen by what the runs logged:
 
-- **paired bootstrap** (per-item results available): every policy answers the same items, so the
-  comparison is paired on items, and on seeds when both sides ran the same seeds. The items are
-  *shared* by all seeds (one eval set), so the design is crossed, not nested: a replicate draws
-  seeds with replacement and one item resample that every drawn seed uses. This keeps the item
-  noise that no number of seeds averages away (resampling items independently per seed would
-  shrink it by 1/seeds and overstate the evidence). Percentile interval; p-values by inverting
-  the percentile interval, (count + 1) / (reps + 1). Few discordant items (items on which the runs
-  do not all score alike) make the percentile bootstrap anti-conservative — with none at all its
-  distribution is a point mass and would "prove" any equivalence — so every replicate also adds
-  the Agresti–Min pseudo-count: N+ - N- pseudo discordant items (N± ~ Poisson(½), the bootstrap
-  draws of the ½ pseudo-count that Agresti & Min (2005) add to each discordant cell of the paired
-  2x2 table), each worth the score range over the task's n items. It changes nothing when many
-  items are discordant and keeps "0 of 40 items differ" from reading as equivalence.
+- **seeds x items t** (per-item results available, `analysis.crossed.seed_item_test`): every
+  policy answers the same items, so the comparison is paired on items, and on seeds when both
+  sides ran the same seeds; seeds and items are crossed. Variance components from the two-way
+  ANOVA, Satterthwaite degrees of freedom, so the seed term counts as estimated from S - 1 df.
+  Few discordant items get the Agresti–Min ½ pseudo-count (Agresti & Min 2005: ½ added to each
+  discordant cell of the paired 2x2 table) as known extra variance: N+ - N- pseudo discordant
+  items, N± ~ Poisson(½), each worth the score range over the task's n items.
 - **binomial + seeds** (older runs without per-item results): per-seed accuracy and its binomial
   standard error (`eval/accuracy_stderr`): Var = s_x²/n_x + s_y²/n_y (seed noise) + mean(se_x²) +
   mean(se_y²) (item noise, shared by the seeds of one side, so not divided by their number). It
@@ -24,14 +18,14 @@ Pure numpy/scipy on arrays (no pandas, no MLflow). Two methods, chosen by what t
   0% or 100% (binomial stderr 0) is not taken as noise-free; a side with no noise estimate at all
   gets no test.
 
-Both give a difference, its two-sided interval and p-value, a TOST equivalence p-value against a
+This module holds what both share (the result type, the pseudo-count, Holm, the evidence
+estimate); both give a difference, its two-sided interval and p-value, a TOST equivalence p-value against a
 margin, the (1 - 2α) interval TOST is read from, and the variance components that say how many
 seeds or items would make the comparison conclusive.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +34,7 @@ import numpy as np
 from scipy import stats as _st
 
 NAN = float("nan")
-PAIRED = "paired bootstrap"
+PAIRED = "seeds x items t"
 BINOMIAL = "binomial + seeds"
 POWER = 0.8
 """Power assumed when estimating how many seeds or items a conclusive comparison needs."""
@@ -101,7 +95,9 @@ class Comparison:
     parts: VarianceParts | None
     note: str = ""
     discordant: int = -1
-    """Items (over all tasks) on which not every run of both sides scored alike; -1: not counted."""
+    """Items (over all tasks) on which the compared pair disagrees (`discordant_items`); -1: not counted."""
+    df: float = NAN
+    """Degrees of freedom of the t quantiles (Satterthwaite; inf: normal)."""
 
     @property
     def se(self) -> float:
@@ -118,60 +114,6 @@ class Comparison:
 
 def _none(note: str, margin: float, method: str, n_x: int = 0, n_y: int = 0) -> Comparison:
     return Comparison(NAN, NAN, NAN, NAN, NAN, NAN, NAN, margin, method, n_x, n_y, 0, False, None, note)
-
-
-def stable_seed(*parts: object) -> int:
-    """A seed from labels, so a comparison's bootstrap does not depend on the order of the report."""
-    return int(hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12], 16)
-
-
-def _item_counts(rng: np.random.Generator, reps: int, n: int) -> np.ndarray:
-    """reps x n matrix: how often each item is drawn in each replicate (resampling with replacement)."""
-    draws = rng.integers(0, n, size=(reps, n)) + (np.arange(reps) * n)[:, None]
-    return np.bincount(draws.ravel(), minlength=reps * n).reshape(reps, n).astype(float)
-
-
-def _seed_counts(rng: np.random.Generator, reps: int, s: int) -> np.ndarray:
-    if s == 1:
-        return np.ones((reps, 1))
-    return rng.multinomial(s, np.full(s, 1.0 / s), size=reps).astype(float)
-
-
-def _columns(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
-    """(x, y, counts, items): identical item columns merged when that makes them much fewer.
-
-    Items whose columns (every seed's score on both sides) are identical are interchangeable, so
-    drawing counts of the distinct columns (a multinomial) is the same resampling, and far cheaper
-    for 0/1 scores (a few dozen distinct columns instead of hundreds of items).
-    """
-    n = x.shape[1]
-    cols, counts = np.unique(np.vstack([x, y]).T, axis=0, return_counts=True)
-    if cols.shape[0] < n // 2:
-        return cols[:, : x.shape[0]].T, cols[:, x.shape[0] :].T, counts / n, n
-    return x, y, None, n
-
-
-def _bootstrap(blocks: Sequence[tuple[np.ndarray, np.ndarray]], paired: bool, reps: int, seed: int) -> np.ndarray:
-    """Replicates of the mean over blocks (tasks) of mean(x) - mean(y).
-
-    Each block is a seeds x items pair sharing its item columns. A replicate draws the seeds once
-    (the same seeds for every task: a seed is one trained model) and the items of each task.
-    """
-    rng = np.random.default_rng(seed)
-    prepared = [_columns(x, y) for x, y in blocks]
-    sx, sy = blocks[0][0].shape[0], blocks[0][1].shape[0]
-    chunk = 10_000 if all(p[2] is not None for p in prepared) else 2000  # memory: chunk x columns
-    out = np.empty(reps)
-    for start in range(0, reps, chunk):
-        k = min(chunk, reps - start)
-        vx = _seed_counts(rng, k, sx) / sx
-        vy = vx if paired else _seed_counts(rng, k, sy) / sy
-        total = np.zeros(k)
-        for x, y, probs, n in prepared:
-            w = (rng.multinomial(n, probs, size=k) if probs is not None else _item_counts(rng, k, n)) / n
-            total += (vx * (w @ x.T)).sum(axis=1) - (vy * (w @ y.T)).sum(axis=1)  # each seed's item mean
-        out[start : start + k] = total / len(prepared)
-    return out
 
 
 def pseudo_size(x: np.ndarray, y: np.ndarray, score_range: float | None) -> float:
@@ -191,126 +133,25 @@ def pseudo_size(x: np.ndarray, y: np.ndarray, score_range: float | None) -> floa
     return float(np.ptp(np.vstack([x, y])))
 
 
-def discordant_items(x: np.ndarray, y: np.ndarray) -> int:
-    """Items on which not every run of both sides scored alike (the only ones that carry a difference)."""
-    return int((np.ptp(np.vstack([x, y]), axis=0) > 0).sum())
+def discordant_items(x: np.ndarray, y: np.ndarray, paired_seeds: bool = True) -> int:
+    """Items on which the compared pair disagrees: with paired seeds, where some seed's run differs
+    from the other side's run of that seed; otherwise, where the two sides' item means differ.
 
-
-def _pseudo(sizes: Sequence[tuple[float, int]], reps: int, seed: int) -> np.ndarray:
-    """Per replicate, the mean over tasks of m·(N+ - N-)/n with N± ~ Poisson(½) (Agresti–Min pseudo-count).
-
-    Drawn from a stream of its own, so the resampling replicates are the same with and without it.
-    Its variance (`_pseudo_var`) is the sum over the T tasks of m²/n², divided by T²: (range/items)²
-    for one task, negligible next to the resampling variance unless few items are discordant.
+    Only the pair's own disagreements count: an item on which two baseline seeds differ while
+    each policy run matches its seed's baseline run is not discordant for this comparison.
     """
-    rng = np.random.default_rng([seed, 1])
-    out = np.zeros(reps)
-    for m, n in sizes:
-        out += m * (rng.poisson(PSEUDO, reps) - rng.poisson(PSEUDO, reps)) / n
-    return out / len(sizes)
+    if paired_seeds and x.shape == y.shape:
+        return int((x != y).any(axis=0).sum())
+    return int((x.mean(axis=0) != y.mean(axis=0)).sum())
 
 
-def _pseudo_var(sizes: Sequence[tuple[float, int]]) -> float:
+def pseudo_var(sizes: Sequence[tuple[float, int]]) -> float:
+    """Variance of the mean over the T tasks of m·(N+ - N-)/n, N± ~ Poisson(½): Σ m²/n² / T².
+
+    (range/items)² for one task: negligible next to the observed variance unless few items are
+    discordant, and what keeps "0 of 40 items differ" from reading as equivalence.
+    """
     return sum(2 * PSEUDO * m * m / (n * n) for m, n in sizes) / len(sizes) ** 2
-
-
-def _tail(boot: np.ndarray, below: float | None = None, above: float | None = None) -> float:
-    """(count + 1) / (reps + 1) of replicates <= below (or >= above): a valid bootstrap p-value."""
-    count = int((boot <= below).sum()) if below is not None else int((boot >= above).sum())
-    return (count + 1) / (boot.size + 1)
-
-
-def crossed_parts(x: np.ndarray, y: np.ndarray, paired: bool) -> VarianceParts:
-    """Variance components of Δ̂ from two-way (seed x item) ANOVA without replication.
-
-    Paired seeds: on d = x - y. Unpaired: seed and residual terms of each side add; the item term
-    is estimated on the item means of the difference (shared items).
-    """
-    if paired:
-        return _anova(x - y)
-    px, py = _anova(x), _anova(y)
-    d_items = x.mean(axis=0) - y.mean(axis=0)
-    # Var over items of the difference of seed means = item + residual_x/seeds_x + residual_y/seeds_y
-    item = float(d_items.var(ddof=1)) - px.residual / x.shape[0] - py.residual / y.shape[0] if d_items.size > 1 else NAN
-    return VarianceParts(
-        px.seed + py.seed, max(0.0, item), px.residual + py.residual, min(x.shape[0], y.shape[0]), x.shape[1]
-    )
-
-
-def _anova(d: np.ndarray) -> VarianceParts:
-    s, n = d.shape
-    grand = d.mean()
-    row = d.mean(axis=1)
-    col = d.mean(axis=0)
-    if s < 2:
-        item_total = float(d[0].var(ddof=1)) if n > 1 else NAN  # item + residual, not separable
-        return VarianceParts(NAN, 0.0, item_total, 1, n)
-    ms_seed = n * float(((row - grand) ** 2).sum()) / (s - 1)
-    if n < 2:
-        return VarianceParts(ms_seed, 0.0, 0.0, s, 1)
-    ms_item = s * float(((col - grand) ** 2).sum()) / (n - 1)
-    res = d - row[:, None] - col[None, :] + grand
-    ms_res = float((res**2).sum()) / ((s - 1) * (n - 1))
-    return VarianceParts(max(0.0, (ms_seed - ms_res) / n), max(0.0, (ms_item - ms_res) / s), ms_res, s, n)
-
-
-def paired_bootstrap(
-    x: np.ndarray | Sequence[np.ndarray],
-    y: np.ndarray | Sequence[np.ndarray],
-    *,
-    paired_seeds: bool,
-    margin: float,
-    confidence: float = 0.95,
-    reps: int = 10_000,
-    seed: int = 0,
-    score_range: float | None = None,
-) -> Comparison:
-    """Crossed bootstrap of mean(x) - mean(y), in the units of x and y (points).
-
-    x, y: seeds x items matrices of per-item scores with the *same* item columns — or lists of
-    them, one per task, for an aggregate that is the mean of the tasks' scores; with
-    `paired_seeds`, row k of x and row k of y are the same seed. `score_range`: the width of the
-    scores' possible range (100 for a 0/1 metric in points), the size of a pseudo discordant item;
-    None: estimated from the data (`pseudo_size`).
-    """
-    xs = [np.asarray(a, float) for a in (x if isinstance(x, (list, tuple)) else [x])]
-    ys = [np.asarray(b, float) for b in (y if isinstance(y, (list, tuple)) else [y])]
-    ok = len(xs) == len(ys) and all(
-        a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[1] and a.shape[1] and a.size and b.size
-        and a.shape[0] == xs[0].shape[0] and b.shape[0] == ys[0].shape[0]
-        for a, b in zip(xs, ys, strict=False)
-    )  # fmt: skip
-    if not ok or not xs:
-        return _none("no paired items", margin, PAIRED, len(xs[0]) if xs else 0, len(ys[0]) if ys else 0)
-    if paired_seeds and xs[0].shape[0] != ys[0].shape[0]:
-        raise ValueError("paired seeds need the same number of seeds on both sides")
-    delta = float(np.mean([a.mean() - b.mean() for a, b in zip(xs, ys, strict=True)]))
-    n_items = int(sum(a.shape[1] for a in xs))
-    discordant = sum(discordant_items(a, b) for a, b in zip(xs, ys, strict=True))
-    sizes = [(pseudo_size(a, b, score_range), a.shape[1]) for a, b in zip(xs, ys, strict=True)]
-    if any(m <= 0 or not math.isfinite(m) for m, _ in sizes):
-        note = "every run scored every item alike and the score range is unknown: no test"
-        return Comparison(
-            delta, NAN, NAN, NAN, NAN, NAN, NAN, margin, PAIRED, xs[0].shape[0], ys[0].shape[0], n_items,
-            paired_seeds, None, note, discordant,
-        )  # fmt: skip
-    resampled = _bootstrap(list(zip(xs, ys, strict=True)), paired_seeds, reps, seed)
-    boot = resampled + _pseudo(sizes, reps, seed)
-    alpha = 1.0 - confidence
-    low, high = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
-    tlow, thigh = np.quantile(boot, [alpha, 1 - alpha])
-    p = min(1.0, 2.0 * min(_tail(boot, below=0.0), _tail(boot, above=0.0)))
-    tost = max(_tail(boot, below=-margin), _tail(boot, above=margin))
-    raw = crossed_parts(np.hstack(xs), np.hstack(ys), paired_seeds)
-    # the pseudo-count's variance as an item term: it is the item noise the data could not show
-    parts = VarianceParts(raw.seed, raw.item + _pseudo_var(sizes) * n_items, raw.residual, raw.seeds, raw.items)
-    note = ""
-    if _pseudo_var(sizes) > float(resampled.var()):
-        note = f"{discordant} discordant item(s) of {n_items}: the interval is mostly the Agresti–Min pseudo-count"
-    return Comparison(
-        delta, float(low), float(high), p, tost, float(tlow), float(thigh), margin, PAIRED,
-        xs[0].shape[0], ys[0].shape[0], n_items, paired_seeds, parts, note, discordant,
-    )  # fmt: skip
 
 
 def binomial_seeds(
@@ -384,7 +225,7 @@ def binomial_seeds(
         parts = VarianceParts(seed_var, item_var, 0.0, min(nx, ny), items or 1)
     return Comparison(
         delta, delta - h, delta + h, p, tost, delta - h2, delta + h2, margin, BINOMIAL, nx, ny,
-        items or 0, False, parts, "; ".join(notes),
+        items or 0, False, parts, "; ".join(notes), -1, df,
     )  # fmt: skip
 
 

@@ -5,7 +5,7 @@ policy with the *same* other-axis values (a bf16 row with lora.r=8 is not the ba
 fp8 row with lora.r=16). Only counted trials (FINISHED, DIVERGED) enter statistics; the rest
 appear in the status counts. Accuracy is in points (percent).
 
-Accuracy differences come from `analysis.compare` (paired seed x item bootstrap when per-item
+Accuracy differences come from `analysis.compare` (seeds x items t-test when per-item
 results exist, else binomial + seed variance); Holm corrects each family of one report's
 comparisons (difference from the baseline; equivalence to it; mechanism effects). The builders
 below each fill one section of a row, so the table grows by adding a builder, not a branch.
@@ -25,7 +25,7 @@ from analysis import fmt
 from analysis.compare import Evidence, compare, holm_columns
 from analysis.cost import training_cost
 from analysis.options import ReportOptions
-from analysis.paired import Comparison, needed
+from analysis.paired import PAIRED, Comparison, needed
 from analysis.stats import mean_ci, pareto_front, ratio_ci
 from analysis.tidy import TEL_PREFIX, TELEMETRY_KINDS, axis_columns, natural_key, policy_rank, task_metrics
 
@@ -152,7 +152,7 @@ def _comparison_cols(c: Comparison | None, note: str, options: ReportOptions) ->
         "delta_pts": c.delta, "delta_low": c.low, "delta_high": c.high, "p": c.p, "tost_p": c.tost_p,
         "tost_low": c.tost_low, "tost_high": c.tost_high, "method": c.method, "items": c.items,
         "paired_seeds": c.paired_seeds, "delta_note": c.note, "needed": needed(c, options.alpha),
-        "margin_ok": c.inside_margin(), "discordant": c.discordant,
+        "margin_ok": c.inside_margin(), "discordant": c.discordant, "cmp_seeds": min(c.n_x, c.n_y),
     }  # fmt: skip
 
 
@@ -309,9 +309,9 @@ def acc_text(r: Mapping[Any, Any], options: ReportOptions) -> str:
 
 
 def _evidence_text(row: Mapping[Any, Any]) -> str:
-    """'paired bootstrap over 3 seed(s) x 400 items (12 discordant), paired seeds' / 'binomial + seeds, 2 seed(s)'."""
+    """'seeds x items t over 3 seed(s) x 400 items (12 discordant), paired seeds' / 'binomial + seeds, 2 seed(s)'."""
     n = int(row["n_seeds"])
-    if row["method"] == "paired bootstrap":
+    if row["method"] == PAIRED:
         pairing = "paired seeds" if row["paired_seeds"] else "unpaired seeds"
         k = row.get("discordant")
         disc = f" ({int(k)} discordant)" if fmt.ok(k) and int(k) >= 0 else ""
@@ -338,8 +338,10 @@ def _quality_phrase(row: Mapping[Any, Any], options: ReportOptions) -> str:
             f"(Holm-corrected {fmt.p_eq(row['p_holm'])}; {how})"
         )
     elif equiv:
+        seeds = int(row.get("cmp_seeds") or row["n_seeds"])
+        claim = f"provisionally as good as {base} ({seeds} seeds)" if seeds < options.low_evidence_seeds else f"as good as {base}"
         phrase = (
-            f"as good as {base} within ±{m:g} points: Δ {fmt.num(d, 1, True)}, "
+            f"{claim} within ±{m:g} points: Δ {fmt.num(d, 1, True)}, "
             f"{1 - 2 * options.alpha:.0%} CI {fmt.interval(row['tost_low'], row['tost_high'], 1)} inside the margin "
             f"(TOST, Holm-corrected {fmt.p_eq(row['tost_p_holm'])}; {how})"
         )

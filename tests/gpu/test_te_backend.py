@@ -48,7 +48,7 @@ def ids(seed: int) -> torch.Tensor:  # 2 x 32 tokens: TE's FP8 GEMMs want multip
 
 POLICIES = [
     ("fp8_protected-block_scales", "DelayedScaling"),
-    ("fp8_protected-activation_scaling", None),  # plain casts: TE raises
+    ("fp8_naive-activation_scaling", None),  # plain casts: TE raises
     ("fp8_protected", "Float8BlockScaling"),
 ]
 

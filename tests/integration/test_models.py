@@ -40,7 +40,7 @@ def test_gpt2_conv1d_with_tied_embeddings_under_fp8_naive(workdir: Path) -> None
     client = client_for(workdir)
     run = client.get_run(result["mlflow_run_id"])
     tags = run.data.tags
-    assert tags["fp8lab.deviations"] == "" and tags["fp8lab.policy_version"] == "2"
+    assert tags["fp8lab.deviations"] == "" and tags["fp8lab.policy_version"] == "3"
     assert (tags["fp8lab.ladder"], tags["fp8lab.mechanism"]) == ("", "")
     plan = json.loads(Path(client.download_artifacts(run.info.run_id, "precision/plan.json", str(workdir))).read_text())
     weights = {r["module"].rsplit(".", 1)[-1]: r for r in plan["plan"] if r["tensor"] == "weight" and r["role"] != "lora"}

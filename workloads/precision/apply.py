@@ -54,7 +54,7 @@ from workloads.precision.linear import (
     LoraComputeLinear,
 )
 from workloads.precision.policy import PrecisionPolicy, get_policy
-from workloads.precision.scaling import get_kind
+from workloads.precision.scaling import ScalingRecipe, TensorScaler, get_kind
 from workloads.precision.telemetry import Fp8Telemetry, count_saturated
 from workloads.precision.walker import LINEAR_TYPES, FrozenLinear, frozen_linears
 
@@ -158,22 +158,10 @@ class PrecisionHandle:
 
     @torch.no_grad()
     def after_step(self) -> None:
-        """FP8 adapter storage: round every LoRA weight back into E4M3 (plain cast)."""
-        if self.policy.lora_storage != "fp8_e4m3":
+        """FP8 adapter storage: round every LoRA weight back into E4M3 (``store_adapters``)."""
+        if self.policy.lora_storage == "fp32_master":
             return
-        tel = self.telemetry
-        for name, p in self.lora_params.items():
-            q = saturating_cast(p, E4M3).to(p.dtype)
-            if tel is not None and tel.recording:
-                tel.record_cast(
-                    name.removesuffix(".weight"),
-                    "lora_weight",
-                    p,
-                    q,
-                    None,
-                    count_saturated(p, E4M3),
-                )
-            p.copy_(q)
+        store_adapters(self.lora_params, self.policy.lora_storage, self.telemetry)
 
     def base_weight_bytes(self) -> int:
         """Bytes of the frozen Linear weights (incl. lm_head and FP8 scales; not embeddings)."""
@@ -211,14 +199,38 @@ def apply_policy(
 
     lora_params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     _set_dtypes(model, cd, lora_params)
-    if policy.lora_storage == "fp8_e4m3":
+    if policy.lora_storage != "fp32_master":
         with torch.no_grad():
-            for p in lora_params.values():
-                p.copy_(saturating_cast(p, E4M3).to(p.dtype))
+            store_adapters(lora_params, policy.lora_storage, None)
     plan.extend(_global_plan(policy))
     scaler = LoraGradScaler(policy.grad_scaler) if policy.lora_grad_scaler else None
     setattr(model, _APPLIED_ATTR, policy.name)
     return PrecisionHandle(model, policy, telemetry, plan, lora_params, sites, scaler)
+
+
+_STORAGE_RECIPE = {"fp8_e4m3": ScalingRecipe("none"), "fp8_e4m3_scaled": ScalingRecipe("current", power_2_scale=False)}
+"""E4M3 adapter storage: plain (scale 1) or an exact per-tensor current scale fmax / amax."""
+
+
+@torch.no_grad()
+def store_adapters(
+    params: dict[str, nn.Parameter], storage: str, telemetry: Fp8Telemetry | None
+) -> None:
+    """Round each trainable LoRA weight to what E4M3 ``storage`` keeps of it, in place.
+
+    Unscaled storage keeps only values E4M3 can hold at scale 1, so an entry below 2^-10 (half
+    the smallest subnormal) becomes 0; scaled storage maps each tensor's amax to 448 first, so only
+    the 3-bit mantissa's relative rounding remains. The rounding is telemetry kind 'lora_weight'.
+    """
+    recipe = _STORAGE_RECIPE[storage]
+    tel = telemetry if telemetry is not None and telemetry.recording else None
+    for name, p in params.items():
+        scaler = TensorScaler(recipe, E4M3, "weight")
+        q, saturated = scaler.quantize(p, count_saturated=tel is not None)
+        stored = q.dequantize(p.dtype)
+        if tel is not None:
+            tel.record_cast(name.removesuffix(".weight"), "lora_weight", p, stored, q.scale_inv, saturated)
+        p.copy_(stored)
 
 
 def _convert_lora_layer(
@@ -307,7 +319,9 @@ def _convert_lora(
 ) -> nn.Module:
     cd = policy.torch_compute_dtype
     storage = (
-        "e4m3/none (rounded after each update)" if policy.lora_storage == "fp8_e4m3" else "fp32"
+        f"e4m3/{_STORAGE_RECIPE[policy.lora_storage].tag} (rounded after each update)"
+        if policy.lora_storage in _STORAGE_RECIPE
+        else "fp32"
     )
     grad = "e5m2/none" if policy.lora_grad == "fp8_e5m2" else "fp32"
     if policy.lora_grad_scaler:
@@ -332,6 +346,7 @@ def _convert_lora(
             telemetry=telemetry,
             record_weight=record_weight,
             scaling=scaling,
+            power_2_scale=policy.lora_gemm_power_2_scale,
             compute_dtype=cd,
         )
     plan.append(_row(name, "lora", "gemm", _dtype_name(cd), "fwd/dgrad/wgrad GEMMs"))

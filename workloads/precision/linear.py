@@ -429,7 +429,8 @@ class _LoraFp8Fn(torch.autograd.Function):
 class Fp8LoraLinear(nn.Linear):
     """An FP8 LoRA GEMM (see module docstring). Bias-free, like PEFT's lora_A/lora_B.
 
-    ``scaling`` is the recipe kind of all three casts: ``none`` (plain) or ``current``.
+    ``scaling`` is the recipe kind of all three casts: ``none`` (plain) or ``current``;
+    ``power_2_scale`` rounds their scales down to powers of two (False: exact fmax / amax).
     """
 
     def __init__(
@@ -441,6 +442,7 @@ class Fp8LoraLinear(nn.Linear):
         telemetry: Fp8Telemetry | None = None,
         record_weight: bool = True,
         scaling: str = "none",
+        power_2_scale: bool = True,
         compute_dtype: torch.dtype = torch.bfloat16,
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
@@ -448,7 +450,7 @@ class Fp8LoraLinear(nn.Linear):
         super().__init__(in_features, out_features, bias=False, device=device, dtype=dtype)
         self.name = name
         self.compute_dtype = compute_dtype
-        recipe = ScalingRecipe(scaling)
+        recipe = ScalingRecipe(scaling, power_2_scale=power_2_scale)
         e4m3, e5m2 = CastSpec("e4m3", recipe), CastSpec("e5m2", recipe)
         self.act_cast = CastSite(e4m3, "activation", name, "activation", telemetry)
         # With plain FP8 storage the weight is already E4M3-exact and its cast is the identity;

@@ -8,22 +8,25 @@ decides formats and scaling; it never touches lr, rank, steps or any other hyper
 Registered policies:
 
 - ``bf16``: everything in BF16, LoRA FP32 master weights with BF16 compute.
-- ``fp8_naive`` (v2): what a stock FP8 conversion (Transformer Engine, torchao
+- ``fp8_naive`` (v3): what a stock FP8 conversion (Transformer Engine, torchao
   ``convert_to_float8_training``, accelerate) gives a user who knows nothing about LoRA: every
   linear -- LoRA adapters and lm_head included -- runs FP8 GEMMs with per-tensor *current*
-  scaling (E4M3 weights and activations, E5M2 gradients); frozen base weights stay in BF16 and
+  scaling (E4M3 weights and activations, E5M2 gradients) and *exact* scales fmax / amax, the
+  default of torchao's tensorwise recipe and TE's Float8CurrentScaling (v2 rounded them down to
+  a power of two; that is now the rung ``fp8_naive-exact_scales``); frozen base weights stay in BF16 and
   are cast per GEMM (``base_weight_storage='compute'``), adapter masters stay FP32; no LoRA
   gradient scaler, no calibration.
 - ``fp8_unscaled_fp8_adapters``: ``fp8_naive`` version 1, kept under a name that says what it
   is: every cast plain (scale 1), trainable LoRA weights *stored* in E4M3 with no master copy
   (rounded back after every update), LoRA weight gradients cast to E5M2.
-- ``fp8_protected``: base weights E4M3 with 128x128 block scales; base activations E4M3 with
+- ``fp8_protected`` (v2; v1 had power-of-two per-tensor scales): base weights E4M3 with
+  128x128 block scales (power-of-two, TE Float8BlockScaling's default); base activations E4M3 with
   *delayed* scaling (amax history of 16, max) filled by ``calibration_steps`` calibration
   forwards -- delayed because that is the recipe for which calibration exists, and the
   ``-calibration`` rung then measures what it buys over current scaling; dgrad E5M2 with
   *current* per-tensor scaling -- gradient magnitudes drift over training (LoRA grads shrink
   late) and no-grad calibration forwards cannot fill a gradient history, so a history would
-  start from scale 1 exactly when gradients are at risk; LoRA FP32 master + BF16 GEMMs; LoRA
+  start from scale 1 exactly when gradients are at risk; both per-tensor scales exact; LoRA FP32 master + BF16 GEMMs; LoRA
   grads FP32 with the selective LoRA gradient scaler; lm_head excluded (BF16).
 - ``fp8_naive+<id>`` / ``fp8_naive-<id>`` / ``fp8_protected-<id>``: the mechanism ladder
   (``ladder.RUNGS``); ``ladder``, ``ladder_base`` and ``mechanism`` say which rung.
@@ -52,7 +55,7 @@ __all__ = [
     "available_policies",
 ]
 
-LORA_STORAGE = ("fp32_master", "fp8_e4m3")
+LORA_STORAGE = ("fp32_master", "fp8_e4m3", "fp8_e4m3_scaled")  # unscaled | per-tensor scaled
 BASE_WEIGHT_STORAGE = ("fp8", "compute")
 LORA_GEMM = ("bf16", "fp8")
 LORA_GRAD = ("fp32", "fp8_e5m2")
@@ -82,6 +85,7 @@ class PrecisionPolicy:
     lora_storage: str = "fp32_master"
     lora_gemm: str = "bf16"
     lora_gemm_scaling: str = "current"
+    lora_gemm_power_2_scale: bool = True  # scales of an FP8 LoRA GEMM rounded to powers of two
     lora_grad: str = "fp32"
     lora_grad_scaler: bool = False
     grad_scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
@@ -131,9 +135,11 @@ class PrecisionPolicy:
         if not self.base_fp8 and self.lora_gemm == "bf16" and self.lora_storage == "fp32_master":
             if self.lora_grad == "fp32" and not self.lm_head_fp8 and not self.lora_grad_scaler:
                 return "bf16"
+        lora_kind = get_kind(self.lora_gemm_scaling)
         lora = (
-            ("L8" + get_kind(self.lora_gemm_scaling).short if self.lora_gemm == "fp8" else "Lbf16")
-            + ("w8" if self.lora_storage == "fp8_e4m3" else "")
+            ("L8" + lora_kind.short + _exact_tag(lora_kind.plain, self.lora_gemm_power_2_scale)
+             if self.lora_gemm == "fp8" else "Lbf16")
+            + {"fp8_e4m3": "w8", "fp8_e4m3_scaled": "w8s"}.get(self.lora_storage, "")
             + ("g8" if self.lora_grad == "fp8_e5m2" else "")
             + ("s" if self.lora_grad_scaler else "")
         )
@@ -191,7 +197,13 @@ SWITCHES: tuple[str, ...] = tuple(
 def _spec_tag(spec: CastSpec) -> str:
     if not spec.enabled:
         return "bf16"
-    return "8" + spec.recipe.scaling.short
+    kind = spec.recipe.scaling
+    return "8" + kind.short + _exact_tag(kind.plain, spec.recipe.power_2_scale)
+
+
+def _exact_tag(plain: bool, power_2: bool) -> str:
+    """'x' for exact (not power-of-two) scales, so two policies differing only there differ in tag."""
+    return "" if plain or power_2 else "x"
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -224,6 +236,8 @@ def _validate(p: PrecisionPolicy) -> list[str]:
     ):
         if value not in allowed:
             errors.append(f"{name}={value!r} not in {allowed}")
+    if not isinstance(p.lora_gemm_power_2_scale, bool):
+        errors.append(f"lora_gemm_power_2_scale={p.lora_gemm_power_2_scale!r} must be true or false")
     if not isinstance(p.calibration_steps, int) or p.calibration_steps < 0:
         errors.append(f"calibration_steps={p.calibration_steps!r} must be an int >= 0")
     if not isinstance(p.grad_scaler, GradScalerConfig):
@@ -261,22 +275,25 @@ BF16 = register_policy(
     )
 )
 
+_EXACT = {"power_2_scale": False}  # fmax / amax, not rounded to a power of two (TE/torchao default)
+
 FP8_NAIVE = register_policy(
     PrecisionPolicy(
         name="fp8_naive",
-        version=2,
+        version=3,
         description=(
             "A stock FP8 conversion of every linear (LoRA adapters and lm_head included): "
-            "per-tensor current scaling, E4M3 weights/activations, E5M2 gradients, FP32 "
-            "master weights; no LoRA grad scaler, no calibration."
+            "per-tensor current scaling with exact scales, E4M3 weights/activations, E5M2 "
+            "gradients, FP32 master weights; no LoRA grad scaler, no calibration."
         ),
-        base_weight=CastSpec("e4m3", ScalingRecipe("current")),
-        base_activation=CastSpec("e4m3", ScalingRecipe("current")),
-        base_dgrad=CastSpec("e5m2", ScalingRecipe("current")),
+        base_weight=CastSpec("e4m3", ScalingRecipe("current", **_EXACT)),
+        base_activation=CastSpec("e4m3", ScalingRecipe("current", **_EXACT)),
+        base_dgrad=CastSpec("e5m2", ScalingRecipe("current", **_EXACT)),
         base_weight_storage="compute",
         lora_storage="fp32_master",
         lora_gemm="fp8",
         lora_gemm_scaling="current",
+        lora_gemm_power_2_scale=False,
         lora_grad="fp32",
         lora_grad_scaler=False,
         lm_head_fp8=True,
@@ -286,14 +303,15 @@ FP8_NAIVE = register_policy(
 FP8_PROTECTED = register_policy(
     PrecisionPolicy(
         name="fp8_protected",
+        version=2,
         description=(
             "Base weights E4M3 128x128 block scales, activations E4M3 delayed scaling after "
-            "calibration, dgrad E5M2 current scaling, LoRA FP32 master + BF16 GEMMs, selective "
-            "LoRA grad scaler, lm_head BF16."
+            "calibration, dgrad E5M2 current scaling (per-tensor scales exact), LoRA FP32 "
+            "master + BF16 GEMMs, selective LoRA grad scaler, lm_head BF16."
         ),
         base_weight=CastSpec("e4m3", ScalingRecipe("block", block_size=128)),
-        base_activation=CastSpec("e4m3", ScalingRecipe("delayed", amax_history_len=16)),
-        base_dgrad=CastSpec("e5m2", ScalingRecipe("current")),
+        base_activation=CastSpec("e4m3", ScalingRecipe("delayed", amax_history_len=16, **_EXACT)),
+        base_dgrad=CastSpec("e5m2", ScalingRecipe("current", **_EXACT)),
         lora_storage="fp32_master",
         lora_gemm="bf16",
         lora_grad="fp32",

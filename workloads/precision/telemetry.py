@@ -3,7 +3,9 @@
 Definitions follow Transformer Engine's debug ``LogFp8TensorStats`` so numbers compare:
 
 - ``underflow_pct`` = (nonzeros before the cast - nonzeros after) / numel * 100: values that were
-  not zero and became zero -- the silent failure of FP8 LoRA (docs/background.md §1).
+  not zero and became zero, as a share of *all* elements (zeros included) -- TE's ``underflows%``
+  exactly (``debug/features/utils/stats_computation.py``), the silent failure of FP8 LoRA
+  (docs/background.md §1).
 - ``overflow_pct`` = share of elements with ``|x * scale| > fmax`` before the cast, i.e. saturated
   at the format's max (TE's ``fp8_*_overflows%``).
 - ``amax`` of the high-precision tensor, ``scale_inv_min/max`` over its scales (1 for a plain

@@ -46,8 +46,14 @@ def trials() -> pd.DataFrame:
 
 def test_outcomes_compare_with_bf16_of_the_same_axes_and_seed(trials: pd.DataFrame) -> None:
     got = dict(zip(trials["run_id"], outcomes(trials, ReportOptions()), strict=True))
-    assert got == {"b0": "ok", "b1": "ok", "f0": "bad", "f1": "ok", "n0": "bad", "n1": "ok", "d0": "bad",
+    assert got == {"b0": "reference", "b1": "reference", "f0": "bad", "f1": "ok", "n0": "bad", "n1": "ok", "d0": "bad",
                    "u0": "unknown", "s0": ""}
+
+
+def test_exactly_the_margin_below_bf16_is_ok_despite_float_rounding() -> None:
+    raw = pd.DataFrame([_row("b1", "bf16", 1, 0.9575, "healthy"), _row("x1", "fp8_store", 1, 0.9075, "healthy")])
+    kept, _ = dedupe_trials(tidy_runs(raw))
+    assert outcomes(kept, ReportOptions()).tolist() == ["reference", "ok"]
 
 
 def test_scoring_counts_precision_recall_and_saved_share(trials: pd.DataFrame) -> None:
@@ -55,8 +61,10 @@ def test_scoring_counts_precision_recall_and_saved_share(trials: pd.DataFrame) -
     assert (score["tp"], score["fp"], score["fn"]) == (1, 1, 2)
     assert score["precision"] == 0.5 and score["recall"] == pytest.approx(1 / 3)
     assert score["warned_recall"] == pytest.approx(2 / 3)  # n0 was at least called at risk
-    # two doomed calls, each saves 90% of 100 s of training + 10 s eval, over 7 scored trials of 120 s
-    assert score["saved_share"] == pytest.approx(2 * (100 * 0.9 + 10) / (7 * 120))
+    # two doomed calls, each saves 90% of 100 s of training + 10 s eval, over 5 scored trials of 120 s
+    # (the two bf16 trials are the reference, not scored against themselves)
+    assert len(score["scored"]) == 5 and "bf16" not in set(score["scored"]["policy"])
+    assert score["saved_share"] == pytest.approx(2 * (100 * 0.9 + 10) / (5 * 120))
 
 
 def test_stopped_trials_are_listed_with_prediction_and_saved_compute(trials: pd.DataFrame) -> None:

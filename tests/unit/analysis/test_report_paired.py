@@ -8,19 +8,20 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from analysis.paired import VarianceParts, binomial_floor, binomial_seeds, holm, needed, paired_bootstrap
+from analysis.crossed import seed_item_test
+from analysis.paired import VarianceParts, binomial_floor, binomial_seeds, holm, needed
 
 
 def test_one_seed_matches_scipy_percentile_bootstrap() -> None:
     rng = np.random.default_rng(3)
     x = (rng.random((1, 400)) < 0.80) * 100.0
     y = (rng.random((1, 400)) < 0.70) * 100.0
-    c = paired_bootstrap(x, y, paired_seeds=True, margin=2.0, reps=20_000, seed=1)
+    c = seed_item_test(x, y, paired_seeds=True, margin=2.0)
     ref = st.bootstrap((x[0] - y[0],), np.mean, n_resamples=20_000, method="percentile", random_state=2)
     assert c.delta == pytest.approx((x - y).mean())
     assert c.low == pytest.approx(ref.confidence_interval.low, abs=0.6)
     assert c.high == pytest.approx(ref.confidence_interval.high, abs=0.6)
-    assert c.method == "paired bootstrap" and c.items == 400
+    assert c.method == "seeds x items t" and c.items == 400
 
 
 def test_item_noise_is_not_averaged_away_by_seeds() -> None:
@@ -28,17 +29,19 @@ def test_item_noise_is_not_averaged_away_by_seeds() -> None:
     rng = np.random.default_rng(0)
     a = rng.normal(0, 10, 200)
     d = np.tile(a, (8, 1))  # 8 seeds, identical per-item differences: only item noise
-    c = paired_bootstrap(d, np.zeros_like(d), paired_seeds=True, margin=1.0, reps=20_000, seed=5)
+    c = seed_item_test(d, np.zeros_like(d), paired_seeds=True, margin=1.0)
     se_expected = a.std(ddof=0) / math.sqrt(a.size)  # not / sqrt(8 * 200)
     assert (c.high - c.low) / (2 * 1.96) == pytest.approx(se_expected, rel=0.07)
     assert c.parts is not None and c.parts.seed == pytest.approx(0.0, abs=1e-9)
 
 
-def test_seed_noise_enters_through_seed_resampling() -> None:
+def test_seed_noise_counts_with_its_degrees_of_freedom() -> None:
+    """Only seed noise: the interval is the one-sample t-interval over the 4 seed means (3 df)."""
     b = np.array([-3.0, 0.0, 3.0, 6.0])
     d = np.repeat(b[:, None], 50, axis=1)  # differences constant within a seed: only seed noise
-    c = paired_bootstrap(d, np.zeros_like(d), paired_seeds=True, margin=1.0, reps=20_000, seed=2)
-    assert (c.high - c.low) / (2 * 1.96) == pytest.approx(b.std(ddof=0) / 2, rel=0.1)
+    c = seed_item_test(d, np.zeros_like(d), paired_seeds=True, margin=1.0)
+    half = st.t.ppf(0.975, 3) * b.std(ddof=1) / 2
+    assert (c.high - c.low) / 2 == pytest.approx(half, rel=0.01) and c.df == pytest.approx(3.0, rel=0.01)
     # no item noise in the data: the item term is only the pseudo-count's (m/n)² x n, m = the 1.5-point item difference
     assert c.parts is not None and c.parts.seed == pytest.approx(b.var(ddof=1))
     assert c.parts.item == pytest.approx(1.5**2 / 50)
@@ -50,7 +53,7 @@ def test_pairing_removes_shared_item_difficulty() -> None:
     x = np.tile(easy * 100.0, (3, 1))
     y = x.copy()
     y[:, :6] = 100 - y[:, :6]  # 6 items answered differently: the difference is tiny and certain
-    c = paired_bootstrap(x, y, paired_seeds=True, margin=5.0, reps=5000, seed=0)
+    c = seed_item_test(x, y, paired_seeds=True, margin=5.0)
     assert c.high - c.low < 4.0 and c.inside_margin() and c.tost_p < 0.05
     se = math.sqrt(70 * 30 / 300)  # the binomial standard error that ignores the pairing
     unpaired = binomial_seeds(x.mean(axis=1), [se] * 3, y.mean(axis=1), [se] * 3, margin=5.0, items=300)
@@ -60,11 +63,11 @@ def test_pairing_removes_shared_item_difficulty() -> None:
 def test_bootstrap_is_reproducible_and_unpaired_seeds_work() -> None:
     rng = np.random.default_rng(1)
     x, y = rng.random((3, 50)) * 100, rng.random((2, 50)) * 100
-    a = paired_bootstrap(x, y, paired_seeds=False, margin=2.0, reps=2000, seed=9)
-    b = paired_bootstrap(x, y, paired_seeds=False, margin=2.0, reps=2000, seed=9)
+    a = seed_item_test(x, y, paired_seeds=False, margin=2.0)
+    b = seed_item_test(x, y, paired_seeds=False, margin=2.0)
     assert a == b and a.n_x == 3 and a.n_y == 2 and not a.paired_seeds
     with pytest.raises(ValueError):
-        paired_bootstrap(x, y, paired_seeds=True, margin=2.0)
+        seed_item_test(x, y, paired_seeds=True, margin=2.0)
 
 
 def test_tost_decision_is_the_interval_inside_the_margin() -> None:
@@ -72,7 +75,7 @@ def test_tost_decision_is_the_interval_inside_the_margin() -> None:
     for shift in (0.0, 1.0, 3.0):
         x = rng.normal(50 + shift, 5, (3, 400))
         y = rng.normal(50, 5, (3, 400))
-        c = paired_bootstrap(x, y, paired_seeds=True, margin=2.0, reps=4000, seed=3)
+        c = seed_item_test(x, y, paired_seeds=True, margin=2.0)
         assert (c.tost_p < 0.05) == c.inside_margin(), (shift, c)
 
 
@@ -128,10 +131,10 @@ def test_needed_names_seeds_or_items() -> None:
     rng = np.random.default_rng(2)
     x = (rng.random((3, 400)) < 0.8) * 100.0
     y = (rng.random((3, 400)) < 0.8) * 100.0
-    c = paired_bootstrap(x, y, paired_seeds=True, margin=2.0, reps=2000, seed=0)
+    c = seed_item_test(x, y, paired_seeds=True, margin=2.0)
     text = needed(c, 0.05)
     assert "items at 3 seeds" in text or "neither alone" in text
-    one = paired_bootstrap(x[:1], y[:1], paired_seeds=True, margin=2.0, reps=500, seed=0)
+    one = seed_item_test(x[:1], y[:1], paired_seeds=True, margin=2.0)
     assert "at least 3 seeds" in needed(one, 0.05)
 
 
@@ -146,53 +149,55 @@ def _same_answers(seeds: int, items: int, p: float = 0.19) -> np.ndarray:
 def test_no_discordant_item_of_40_is_not_equivalence() -> None:
     """2 seeds x 40 items answered identically: Δ = 0 exactly, but 40 items cannot exclude 2 points."""
     x = _same_answers(2, 40)
-    c = paired_bootstrap(x, x.copy(), paired_seeds=True, margin=2.0, reps=20_000, seed=4, score_range=100.0)
+    c = seed_item_test(x, x.copy(), paired_seeds=True, margin=2.0, score_range=100.0)
     assert c.delta == 0.0 and c.discordant == 0 and c.tested
     assert not c.inside_margin() and c.low <= -2.0 and c.high >= 2.0
-    # each replicate is 100/40 x (N+ - N-), N± ~ Poisson(1/2): TOST p = P(Skellam >= 1)
-    assert c.tost_p == pytest.approx(st.skellam.sf(0, 0.5, 0.5), abs=0.015) and c.tost_p > 0.2
+    # the only variance is the pseudo-count's, 2 x ½ x (100/40)² = 2.5²: TOST p = P(Z > 2 / 2.5)
+    assert c.tost_p == pytest.approx(st.norm.sf(2.0 / 2.5)) and c.tost_p > 0.2
     assert c.p == pytest.approx(1.0)
     assert "items at 2 seeds" in needed(c, 0.05) and "pseudo-count" in c.note
 
 
 def test_no_or_few_discordant_items_of_thousands_can_be_equivalent() -> None:
     x = _same_answers(2, 2000)
-    c = paired_bootstrap(x, x.copy(), paired_seeds=True, margin=2.0, reps=5000, seed=4, score_range=100.0)
+    c = seed_item_test(x, x.copy(), paired_seeds=True, margin=2.0, score_range=100.0)
     assert c.inside_margin() and c.tost_p < 0.01 and c.high - c.low < 0.5
     y = _same_answers(2, 3000)
     flip = np.flatnonzero(y[0] == 0)[:3]
     y[:, flip] = 100.0  # 3 items of 3000 answered differently, all one way
-    c3 = paired_bootstrap(y, _same_answers(2, 3000), paired_seeds=True, margin=2.0, reps=5000, seed=4,
+    c3 = seed_item_test(y, _same_answers(2, 3000), paired_seeds=True, margin=2.0,
                           score_range=100.0)  # fmt: skip
     assert c3.discordant == 3 and c3.delta == pytest.approx(0.1)
     assert c3.inside_margin() and c3.tost_p < 0.01
 
 
 def test_few_discordant_items_make_the_difference_test_cautious() -> None:
-    """3 of 40 items better, none worse: McNemar's exact p = 0.25; the bare percentile bootstrap says ~0.1."""
+    """3 of 40 items better, none worse (1 seed): McNemar's exact p = 0.25, a bare t-test on the 40
+    differences 0.08; with the pseudo-count the difference is not significant and 0 is inside the CI."""
     y = _same_answers(1, 40)
     x = y.copy()
     x[0, np.flatnonzero(y[0] == 0)[:3]] = 100.0
-    c = paired_bootstrap(x, y, paired_seeds=True, margin=2.0, reps=20_000, seed=1, score_range=100.0)
+    c = seed_item_test(x, y, paired_seeds=True, margin=2.0, score_range=100.0)
     assert c.delta == pytest.approx(7.5) and c.discordant == 3
-    assert c.p > 0.15 and c.low <= 0.0 < c.high
+    bare = st.ttest_1samp((x - y)[0], 0.0).pvalue
+    assert c.p > bare + 0.03 and c.p > 0.1 and c.low <= 0.0 < c.high
 
 
-def test_many_discordant_items_keep_the_bootstrap_interval() -> None:
+def test_many_discordant_items_keep_the_t_interval() -> None:
     """The pseudo-count adds (range/items)² = 0.0625 points² to a variance of ~9 here: no visible change."""
     rng = np.random.default_rng(3)
     x = (rng.random((1, 400)) < 0.80) * 100.0
     y = (rng.random((1, 400)) < 0.70) * 100.0
-    with_range = paired_bootstrap(x, y, paired_seeds=True, margin=2.0, reps=20_000, seed=1, score_range=100.0)
+    with_range = seed_item_test(x, y, paired_seeds=True, margin=2.0, score_range=100.0)
     d = (x - y)[0]
     se = d.std(ddof=0) / math.sqrt(d.size)
     assert (with_range.high - with_range.low) / (2 * 1.96) == pytest.approx(se, rel=0.04)
-    assert with_range.note == ""
+    assert with_range.note == "1 seed: the seed noise is not estimated"
 
 
 def test_identical_scores_of_unknown_range_get_no_test() -> None:
     x = np.full((2, 30), 5.0)
-    c = paired_bootstrap(x, x.copy(), paired_seeds=True, margin=2.0, reps=500, seed=0)
+    c = seed_item_test(x, x.copy(), paired_seeds=True, margin=2.0)
     assert not c.tested and not c.inside_margin() and "no test" in c.note and c.delta == 0.0
 
 

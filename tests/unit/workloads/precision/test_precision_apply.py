@@ -169,3 +169,27 @@ def test_model_dtype_cast_after_apply_keeps_fp8_storage():
     bases = [m for m in model.modules() if isinstance(m, Fp8BaseLinear)]
     assert bases and all(b.weight_fp8.dtype == torch.float8_e4m3fn for b in bases)
     assert all(b.weight_scale_inv.dtype == torch.float32 for b in bases)
+
+
+def test_scaled_e4m3_adapter_storage_moves_lora_b_where_unscaled_storage_cannot():
+    """At lr 2e-4 an AdamW step moves lora_B by ~2e-4, below half of E4M3's smallest subnormal
+    (2^-10): unscaled storage rounds it back to 0; an exact per-tensor scale (amax -> 448) keeps
+    every entry, on the scaled E4M3 grid."""
+    nonzero = {}
+    for name in ("fp8_naive-fp32_adapters_vs_e4m3", "fp8_naive-fp32_adapters_vs_scaled_e4m3"):
+        model = tiny_lora_model()
+        tel = Fp8Telemetry()
+        handle = apply_policy(model, name, tel)
+        outs = train(model, handle, tel, lr=2e-4)
+        b = [p for n, p in handle.lora_params.items() if "lora_B" in n]
+        nonzero[name] = sum(int(torch.count_nonzero(p)) for p in b) / sum(p.numel() for p in b)
+        rows = {r["format"] for r in handle.plan if r["tensor"] == "weight_storage"}
+        assert "lora_weight" in {r["kind"] for r in outs[-1].rows}
+        if name.endswith("scaled_e4m3"):
+            assert rows == {"e4m3/current (rounded after each update)"}
+            for p in handle.lora_params.values():
+                scale = 448.0 / p.detach().abs().max()  # re-encoding a stored tensor is exact
+                on_grid = saturating_cast(p.detach() * scale, E4M3).float() / scale
+                torch.testing.assert_close(on_grid, p.detach(), rtol=1e-6, atol=0.0)
+    assert nonzero["fp8_naive-fp32_adapters_vs_e4m3"] == 0.0
+    assert nonzero["fp8_naive-fp32_adapters_vs_scaled_e4m3"] == 1.0

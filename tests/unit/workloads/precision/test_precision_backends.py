@@ -98,8 +98,10 @@ def test_mapping_of_the_named_policies():
     unscaled = tb.map_policy(UNSCALED)
     assert unscaled.recipe == "tensorwise"
     assert unscaled.plain == {"input", "weight", "grad_output"} and unscaled.grad_fmt == "e5m2"
-    naive = tb.map_policy("fp8_naive")  # v2 is torchao's own default recipe
+    naive = tb.map_policy("fp8_naive")  # v3 is torchao's own default recipe, exact scales included
     assert (naive.recipe, naive.plain, naive.grad_fmt) == ("tensorwise", set(), "e5m2")
+    assert naive.round_scales_to_power_of_2 is False and not naive.deviations
+    assert tb.map_policy("fp8_naive-exact_scales").round_scales_to_power_of_2 is True
     prot = tb.map_policy("fp8_protected")
     assert prot.recipe == "rowwise" and not prot.plain
     text = " | ".join(prot.deviations)
@@ -108,7 +110,7 @@ def test_mapping_of_the_named_policies():
     assert tb.map_policy("fp8_protected-block_scales").recipe == "tensorwise"
     plain_dgrad = tb.map_policy("fp8_protected-dgrad_scaling")  # plain E5M2 grads need tensorwise
     assert plain_dgrad.recipe == "tensorwise" and plain_dgrad.plain == {"grad_output"}
-    assert tb.map_policy("fp8_protected-activation_scaling").plain == {"input"}
+    assert tb.map_policy("fp8_naive-activation_scaling").plain == {"input"}
     assert tb.map_policy("fp8_protected", recipe="rowwise_with_gw_hp").recipe == (
         "rowwise_with_gw_hp"
     )

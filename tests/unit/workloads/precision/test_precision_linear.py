@@ -193,7 +193,7 @@ POLICIES = [
     "fp8_naive-scaling",
     "fp8_protected",
     "fp8_protected-block_scales",
-    "fp8_protected-activation_scaling",
+    "fp8_naive-activation_scaling",
     "fp8_protected-calibration",
     "uncalibrated_delayed",
     "fp8_protected-dgrad_scaling",

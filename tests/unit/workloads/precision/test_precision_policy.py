@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from workloads.precision.ladder import MECHANISMS, RUNGS
+from workloads.precision.ladder import MECHANISMS, RUNGS, opposite
 from workloads.precision.policy import (
     SWITCHES,
     PrecisionPolicy,
@@ -25,7 +25,9 @@ def test_registry_lists_base_policies_first_then_the_ladder():
     assert names[4:] == RUNG_NAMES
     assert {
         "fp8_naive+bf16_lora_gemm",
-        "fp8_naive-fp32_adapter_storage",
+        "fp8_naive-fp32_adapters_vs_e4m3",
+        "fp8_naive-fp32_adapters_vs_scaled_e4m3",
+        "fp8_protected-fp32_adapters_vs_scaled_e4m3",
         "fp8_protected-block_scales",
         "fp8_protected-grad_scaler",
         "fp8_protected-calibration",
@@ -57,18 +59,21 @@ def test_bf16_row_of_the_design_table():
 
 
 def test_naive_v2_is_the_stock_fp8_conversion():
-    """Every linear in FP8 with per-tensor current scaling; FP32 masters; nothing LoRA-aware."""
+    """Every linear in FP8 with per-tensor current scaling and exact scales (torchao tensorwise,
+    TE Float8CurrentScaling); FP32 masters; nothing LoRA-aware."""
     p = get_policy("fp8_naive")
-    assert p.version == 2
-    assert p.base_weight == CastSpec("e4m3", ScalingRecipe("current"))
-    assert p.base_activation == CastSpec("e4m3", ScalingRecipe("current"))
-    assert p.base_dgrad == CastSpec("e5m2", ScalingRecipe("current"))
+    exact = ScalingRecipe("current", power_2_scale=False)
+    assert p.version == 3
+    assert p.base_weight == CastSpec("e4m3", exact)
+    assert p.base_activation == CastSpec("e4m3", exact)
+    assert p.base_dgrad == CastSpec("e5m2", exact)
     assert (p.lora_storage, p.lora_gemm, p.lora_gemm_scaling, p.lora_grad) == (
         "fp32_master",
         "fp8",
         "current",
         "fp32",
     )
+    assert p.lora_gemm_power_2_scale is False
     assert p.lm_head_fp8 and not p.lora_grad_scaler and p.calibration_steps == 0
     assert (p.ladder, p.mechanism, p.ablation) == ("", "", "")
 
@@ -99,6 +104,9 @@ def test_protected_row():
     )
     assert p.base_activation.fmt == "e4m3" and p.base_activation.recipe.kind == "delayed"
     assert p.base_dgrad.fmt == "e5m2" and p.base_dgrad.recipe.kind == "current"
+    assert p.version == 2  # v1 rounded the per-tensor scales to powers of two
+    assert not p.base_activation.recipe.power_2_scale and not p.base_dgrad.recipe.power_2_scale
+    assert p.base_weight.recipe.power_2_scale  # block scales: TE Float8BlockScaling's default
     assert (p.lora_storage, p.lora_gemm, p.lora_grad, p.lora_grad_scaler) == (
         "fp32_master",
         "bf16",
@@ -129,6 +137,39 @@ def test_each_rung_moves_exactly_one_mechanism_of_its_base(rung):
     )
     assert policy.mechanism_desc == mechanism.description and rung.mechanism in policy.description
     assert policy.ablation == (rung.mechanism if rung.base == "fp8_protected" else "")
+
+
+@pytest.mark.parametrize("rung", RUNGS, ids=RUNG_NAMES)
+def test_each_rungs_base_starts_at_the_opposite_position_of_its_mechanism(rung):
+    """Moving the mechanism is the rung's only change: its base sits exactly at the other
+    position (a rung whose base was elsewhere would move a second choice along with it, as
+    delayed -> plain activations also switched calibration off)."""
+    base = get_policy(rung.base)
+    assert base.with_switches(**opposite(rung)) == base
+    assert get_policy(rung.name) != base
+
+
+def test_no_rung_leaves_a_setting_that_only_another_mechanism_uses():
+    """Calibration only acts with delayed scaling: a rung may not end with calibration steps
+    but no delayed cast, unless its base had that dead setting already."""
+    for rung in RUNGS:
+        policy, base = get_policy(rung.name), get_policy(rung.base)
+        dead = policy.calibration_steps > 0 and not policy.uses_delayed_scaling
+        assert not dead or (base.calibration_steps > 0 and not base.uses_delayed_scaling), rung.name
+
+
+def test_adapter_storage_is_two_mechanisms_unscaled_and_scaled_from_both_bases():
+    names = set(RUNG_NAMES)
+    for base in ("fp8_naive", "fp8_protected"):
+        assert get_policy(f"{base}-fp32_adapters_vs_e4m3").lora_storage == "fp8_e4m3"
+        assert get_policy(f"{base}-fp32_adapters_vs_scaled_e4m3").lora_storage == "fp8_e4m3_scaled"
+        assert {f"{base}-fp32_adapters_vs_e4m3", f"{base}-fp32_adapters_vs_scaled_e4m3"} <= names
+
+
+def test_power_of_two_scales_are_a_rung_of_the_stock_recipe():
+    p = get_policy("fp8_naive-exact_scales")
+    assert all(s.recipe.power_2_scale for s in (p.base_weight, p.base_activation, p.base_dgrad))
+    assert p.lora_gemm_power_2_scale and p.tag != get_policy("fp8_naive").tag
 
 
 def test_every_mechanism_is_one_switch_with_two_positions():

@@ -38,6 +38,34 @@ def test_underflow_share_is_reported_within_rounding():
     assert out.metrics["telemetry/dgrad/underflow_pct"] == pytest.approx(30.0, abs=0.01)
 
 
+def test_underflow_is_tes_definition_flushed_over_all_elements_not_over_nonzeros():
+    """Transformer Engine's ``underflows%`` (debug/features/utils/stats_computation.py):
+    (x.count_nonzero() - nonzeros of the FP8 data) / numel * 100. A 64-element tensor with 16
+    zeros and 18 of its 48 nonzeros flushing is 28.125%, not 18/48 = 37.5%."""
+    x = torch.ones(64)
+    x[:16] = 0.0
+    x[16:34] = 1e-4  # below half of E4M3's smallest subnormal (2**-10): flushes at scale 1
+    tel = Fp8Telemetry()
+    tel.begin_step(0, record=True)
+    record_plain(tel, "layers.0.q_proj", "activation", x, E4M3)
+    out = tel.end_step()
+    (row,) = out.rows
+    assert row["underflow_pct"] == pytest.approx(28.125) and row["underflow_pct"] != pytest.approx(37.5)
+    assert out.metrics["telemetry/activation/underflow_pct"] == pytest.approx(28.125)
+    assert 100 * (torch.count_nonzero(x) - torch.count_nonzero(quantize_dequantize(x, E4M3))) / x.numel() == 28.125
+
+
+def test_the_docs_and_the_heatmap_caption_state_the_same_definition():
+    from pathlib import Path
+
+    import analysis.figures as figures
+
+    root = Path(__file__).parents[4]
+    caption_source = Path(figures.__file__).read_text()
+    assert "non-zero elements flushed" not in caption_source and "of all elements" in caption_source
+    assert "of all its elements" in (root / "docs" / "telemetry.md").read_text()
+
+
 def test_overflow_share_counts_saturated_elements():
     x = torch.ones(1000)
     x[:50] = 1e6  # 5% beyond E4M3's max

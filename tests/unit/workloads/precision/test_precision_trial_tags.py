@@ -27,7 +27,7 @@ class FakeLogger:
     ("name", "expected"),
     [
         ("fp8_naive+calibration", ("up", "fp8_naive", "calibration")),
-        ("fp8_naive-fp32_adapter_storage", ("down", "fp8_naive", "fp32_adapter_storage")),
+        ("fp8_naive-fp32_adapters_vs_e4m3", ("down", "fp8_naive", "fp32_adapters_vs_e4m3")),
         ("fp8_protected-grad_scaler", ("down", "fp8_protected", "grad_scaler")),
         ("fp8_protected", ("", "", "")),
     ],
