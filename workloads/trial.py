@@ -34,6 +34,7 @@ from workloads.faults import FaultInjector
 from workloads.memory import PeakMemory
 from workloads.model_loading import attach_lora, load_base_model
 from workloads.precision.backends import apply_backend, select_backend
+from workloads.precision.scaled_mm import enable_scaled_mm
 from workloads.precision.ladder import ladder_tags
 from workloads.precision.policy import get_policy
 from workloads.precision.telemetry import Fp8Telemetry
@@ -90,6 +91,8 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, logger: MlflowTrialLogger,
     base_metrics = _evaluate(model, tokenizer, config, device, prefix="eval/base_") if config["eval"]["before_training"] else {}
     choice = select_backend(config["precision"]["backend"], device)
     handle = apply_backend(model, policy, telemetry, choice)
+    if config["precision"].get("gemm") == "scaled_mm":  # real FP8 GEMMs (fallbacks logged)
+        handle.plan.extend(enable_scaled_mm(model))
     probe = AdapterProbe(model, base_norms)  # after: it watches the parameters the optimizer updates
     result.update(backend=handle.backend, emulated=bool(handle.emulated), deviations=list(handle.deviations))
     logger.set_tags({TAG_BACKEND_REASON: choice.reason[:5000], TAG_DEVIATIONS: "; ".join(handle.deviations)[:5000]})
