@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.support.tiny_lora import tiny_lora_model, train_steps
 from workloads.precision.formats import E4M3, E5M2
 from workloads.precision.scaled_mm import (
     ScaledMmGemm,
@@ -128,37 +129,15 @@ def test_shapes_fp8_hardware_cannot_take_fall_back_logged(caplog):
 
 
 # -- precision.gemm=scaled_mm on a tiny LoRA model ---------------------------------------------
-def _tiny_lora_model() -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)  # fmt: skip
-    return get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-
-
-def _train(policy: str, real: bool, steps: int = 3) -> tuple[list[float], dict[str, Counter], list[dict]]:
-    """Losses of a few AdamW steps on fixed batches, the summed GEMM counts and the extra plan."""
+def _train(policy: str, real: bool) -> tuple[list[float], dict[str, Counter], list[dict]]:
+    """Losses of a few steps, the GEMM counts of base and LoRA modules, and the extra plan rows."""
     from workloads.precision.apply import apply_policy
     from workloads.precision.telemetry import Fp8Telemetry
 
-    model, tel = _tiny_lora_model(), Fp8Telemetry()
+    model, tel = tiny_lora_model(), Fp8Telemetry()
     handle = apply_policy(model, policy, tel)
     rows = enable_scaled_mm(model) if real else []
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    losses = []
-    for step in range(steps):
-        tel.begin_step(step, record=step == 1)  # one recorded step: telemetry on the real path too
-        batch = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(step))
-        loss = model(input_ids=batch, labels=batch).loss
-        handle.scale_loss(loss).backward()
-        if handle.prepare_step(opt):
-            opt.step()
-            handle.after_step()
-        opt.zero_grad(set_to_none=True)
-        tel.end_step({"train/loss": loss.detach()})
-        losses.append(float(loss.detach()))
+    losses, _ = train_steps(model, handle, tel)  # one recorded step: telemetry on the real path too
     counts: dict[str, Counter] = {"base": Counter(), "lora": Counter()}
     for name, mod in model.named_modules():
         if getattr(mod, "real_gemm", None) is not None:
@@ -205,4 +184,4 @@ def test_scaled_mm_refused_where_fp8lab_runs_no_fp8_gemm():
     assert gemm_problems("scaled_mm", get_policy("fp8_naive"), "torchao") == []  # its LoRA FP8 GEMMs
     assert "not one of" in gemm_problems("cublas", get_policy("bf16"), "emulated")[0]
     with pytest.raises(ValueError, match="no FP8 GEMM of fp8lab's own"):
-        enable_scaled_mm(_tiny_lora_model())
+        enable_scaled_mm(tiny_lora_model())

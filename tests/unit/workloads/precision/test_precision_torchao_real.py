@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support.tiny_lora import tiny_lora_model, train_steps
 from workloads.precision.apply import apply_policy
 from workloads.precision.telemetry import Fp8Telemetry
 
@@ -26,38 +27,14 @@ from workloads.precision.backends import torchao_backend as tb  # noqa: E402
 STEPS = 3
 
 
-def _tiny_lora_model() -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)  # fmt: skip
-    return get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-
-
 def _train(policy: str, backend: str) -> tuple[list[float], object, list[dict]]:
-    """Losses of a few AdamW steps on fixed batches under ``backend`` ('emulated' | 'torchao'),
-    the handle and the telemetry rows of the one recorded step."""
-    model, tel = _tiny_lora_model(), Fp8Telemetry()
+    """Losses under ``backend`` ('emulated' | 'torchao' real), the handle, the recorded rows."""
+    model, tel = tiny_lora_model(), Fp8Telemetry()
     if backend == "emulated":
         handle = apply_policy(model, policy, tel)
     else:
         handle = tb.apply_torchao(model, policy, tel, emulate=False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    losses, rows = [], []
-    for step in range(STEPS):
-        tel.begin_step(step, record=step == 1)
-        batch = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(step))
-        loss = model(input_ids=batch, labels=batch).loss
-        handle.scale_loss(loss).backward()
-        if handle.prepare_step(opt):
-            opt.step()
-            handle.after_step()
-        opt.zero_grad(set_to_none=True)
-        recorded = tel.end_step({"train/loss": loss.detach()})
-        rows += recorded.rows if recorded is not None else []
-        losses.append(float(loss.detach()))
+    losses, rows = train_steps(model, handle, tel, STEPS)
     return losses, handle, rows
 
 
