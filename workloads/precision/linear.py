@@ -12,6 +12,10 @@
   operands.
 - ``LoraComputeLinear`` is the protected/bf16 LoRA GEMM: FP32 master weight, BF16 compute.
 
+With ``precision.gemm=scaled_mm`` (``scaled_mm.enable_scaled_mm`` sets ``real_gemm`` on each
+module) the same casts feed their FP8 codes and scales to ``torch._scaled_mm`` instead of a BF16
+GEMM of the decoded values, where the shape allows (``CastSite.operand``, ``weight_operand``).
+
 Speed (the emulation is benchmarked against BF16): tiles are reshapes/views, never Python
 loops; power-of-two scales are applied in BF16 without FP32 copies; temporaries are reused in
 place; E4M3 decoding avoids torch's slow CPU kernel (formats.decode_fp32) and folds the
