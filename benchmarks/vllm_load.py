@@ -137,15 +137,18 @@ def transformers_generate(model_dir: Path, prompts: list[str], max_tokens: int) 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     loaded = time.perf_counter()
-    ids, texts = [], []
+    ids, texts, margins = [], [], []
     with torch.inference_mode():
         for prompt in prompts:
             enc = tok(prompt, return_tensors="pt")
-            out = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-            new = out[0, enc["input_ids"].shape[1]:].tolist()
+            out = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id,
+                                 output_scores=True, return_dict_in_generate=True)
+            new = out.sequences[0, enc["input_ids"].shape[1]:].tolist()
             ids.append(new)
             texts.append(tok.decode(new, skip_special_tokens=True))
-    return {"token_ids": ids, "texts": texts, "load_s": loaded - started,
+            # the closest call of the greedy choice: top-1 minus top-2 logit, over the steps
+            margins.append(min(float(s[0].float().topk(2).values.diff().abs()) for s in out.scores))
+    return {"token_ids": ids, "texts": texts, "min_logit_margin": margins, "load_s": loaded - started,
             "generate_s": time.perf_counter() - loaded, "transformers_version": _version("transformers")}
 
 
@@ -161,8 +164,14 @@ def accuracy(texts: list[str], examples: list[dict[str, Any]]) -> float:
 def compare(vllm_out: dict[str, Any], hf_out: dict[str, Any], examples: list[dict[str, Any]]) -> dict[str, Any]:
     """Token agreement (whole sequences and first tokens) and each engine's accuracy."""
     pairs = list(zip(vllm_out["token_ids"], hf_out["token_ids"]))
+    differ = [i for i, (a, b) in enumerate(pairs) if a != b]
+    margins = hf_out.get("min_logit_margin")
     return {"prompts": len(pairs),
-            "same_tokens": sum(a == b for a, b in pairs),
+            "same_tokens": len(pairs) - len(differ),
+            "differing_prompts": differ,
+            # were the differing prompts near-ties for transformers? (BF16 logits: ~0.01-0.1 apart)
+            "margin_differing": [round(margins[i], 4) for i in differ] if margins else None,
+            "margin_median_all": round(sorted(margins)[len(margins) // 2], 4) if margins else None,
             "same_first_token": sum(bool(a) and bool(b) and a[0] == b[0] for a, b in pairs),
             "accuracy_vllm": accuracy(vllm_out["texts"], examples),
             "accuracy_transformers": accuracy(hf_out["texts"], examples)}
@@ -251,6 +260,7 @@ def _write(path: Path, result: dict[str, Any]) -> None:
     for engine in ("vllm", "transformers"):
         if engine in result:
             slim[engine]["first_texts"] = result[engine]["texts"][:5]
+            slim[engine].pop("min_logit_margin", None)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(slim, indent=2) + "\n")
 

@@ -22,6 +22,9 @@ cannot take -- contraction or output dim not a multiple of 16, e.g. a rank-8 LoR
 GEMMs with an operand that is not FP8 fall back to the emulated GEMM (same casts, same codes),
 logged once per module, GEMM and reason, and counted in ``ScaledMmGemm.counts``. CPU's
 ``_scaled_mm`` would take those shapes too; refusing them keeps the mode to what FP8 hardware runs.
+
+Unverified on a GPU: CUDA's ``_scaled_mm`` is stricter (rowwise scales want a BF16 output, which
+the per-K-block FP32 partial sums here do not use; no E5M2 x E5M2), so this mode is a CPU check.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ def test_accuracy_and_token_comparison(vl):
     assert vl.accuracy(["", " 5,"], examples) == 0.5
     cmp = vl.compare({"token_ids": [[1, 2], [3]], "texts": [" 98", " 5"]},
                      {"token_ids": [[1, 4], [5]], "texts": [" 98", " 6"]}, examples)
-    assert cmp == {"prompts": 2, "same_tokens": 0, "same_first_token": 1,
+    assert cmp == {"prompts": 2, "same_tokens": 0, "differing_prompts": [0, 1], "margin_differing": None,
+                   "margin_median_all": None, "same_first_token": 1,
                    "accuracy_vllm": 1.0, "accuracy_transformers": 0.5}
 
 
