@@ -214,8 +214,9 @@ def gemm_problems(gemm: str, policy: Any, backend: str) -> list[str]:
     if (base or policy.lm_head_fp8) and backend in ("emulated", "auto"):
         return []
     who = "has no FP8 GEMM" if not base else f"has its base GEMMs run by backend {backend}"
+    fix = "precision.gemm=emulated" + ("" if not base else ", or precision.backend=emulated")
     return [f"precision.gemm=scaled_mm: policy {policy.name!r} {who}, so no FP8 GEMM of fp8lab's own "
-            "is left to run for real (fix: precision.gemm=emulated, or precision.backend=emulated)"]
+            f"is left to run for real (fix: {fix})"]
 
 
 def enable_scaled_mm(model: nn.Module) -> list[dict[str, Any]]:

@@ -180,7 +180,8 @@ def test_scaled_mm_refused_where_fp8lab_runs_no_fp8_gemm():
     (bf16,) = gemm_problems("scaled_mm", get_policy("bf16"), "emulated")
     assert "has no FP8 GEMM" in bf16 and "fix: precision.gemm=emulated" in bf16
     (torchao,) = gemm_problems("scaled_mm", get_policy("fp8_protected"), "torchao")
-    assert "run by backend torchao" in torchao
+    assert "run by backend torchao" in torchao and "precision.backend=emulated" in torchao
+    assert "precision.backend" not in bf16
     assert gemm_problems("scaled_mm", get_policy("fp8_naive"), "torchao") == []  # its LoRA FP8 GEMMs
     assert "not one of" in gemm_problems("cublas", get_policy("bf16"), "emulated")[0]
     with pytest.raises(ValueError, match="no FP8 GEMM of fp8lab's own"):
