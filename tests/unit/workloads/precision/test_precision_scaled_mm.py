@@ -80,6 +80,11 @@ def test_emulated_gemm_agrees_with_scaled_mm(kind, k):
     ulp = 2.0**-7 * torch.maximum(emu.double().abs(), real.double().abs()) + 1e-30
     assert ((emu.double() - real.double()).abs() <= ulp).all()
     assert (emu == real).float().mean() > 0.9  # mostly bit-identical, not just close
+    if kind in ("none", "current", "delayed"):  # per-tensor: _scaled_mm's own tensorwise layout too
+        one = torch.ones((), dtype=torch.float32)
+        sa, sb = (one if q.scale_inv is None else q.scale_inv for q in (a, b))
+        tensorwise = torch._scaled_mm(a.data, b.data.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        assert torch.equal(tensorwise, real)  # the rowwise call scaled_matmul makes: same numbers
 
 
 def test_block_scales_really_vary_per_block():
