@@ -34,9 +34,9 @@ from workloads.train.faults import FaultInjector
 from workloads.train.memory import PeakMemory
 from workloads.model.loading import attach_lora, load_base_model
 from workloads.precision.backends import apply_backend, select_backend
-from workloads.precision.scaled_mm import enable_scaled_mm
 from workloads.precision.ladder import ladder_tags
 from workloads.precision.policy import get_policy
+from workloads.precision.scaled_mm import enable_scaled_mm
 from workloads.precision.telemetry import Fp8Telemetry
 from workloads.export.adapter import ADAPTER_ARTIFACT, save_adapter
 from workloads.health.monitor import HealthMonitor, verdict_step
