@@ -117,6 +117,11 @@ METRIC_HEALTH_SKIPS = "health/grad_scaler_skips"  # optimizer steps the LoRA gra
 METRIC_HEALTH_REF_LOSS = "health/ref_loss"  # the reference (bf16) trial's train/loss at this step
 METRIC_HEALTH_LOSS_VS_REF = "health/loss_vs_ref"  # train/loss / health/ref_loss
 
+# --- precision.gemm: how fp8lab's own FP8 GEMMs run ------------------------------------------
+# emulated: decode the FP8 operands, one BF16 GEMM (the default); scaled_mm: the FP8 codes and
+# scales through torch._scaled_mm where the shape allows (workloads/precision/scaled_mm.py)
+GEMM_MODES = ("emulated", "scaled_mm")
+
 # --- artifacts --------------------------------------------------------------------------------
 TELEMETRY_PATH = "telemetry/telemetry.parquet"
 SAMPLES_DIR = "eval/samples"

@@ -11,6 +11,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from fp8lab_conf.contracts import GEMM_MODES
 from workloads.precision.backends.entries import requestable_names  # torch-free registry
 
 
@@ -79,6 +80,7 @@ SCHEMA: dict[str, Any] = {
     "precision": {
         "policy": _str("bf16"),
         "backend": _choice(*requestable_names()),
+        "gemm": _choice(*GEMM_MODES),
         "switches": _OPEN_DICT,
         "telemetry": {
             "enabled": _BOOL,

@@ -102,8 +102,11 @@ def check_policy(precision_cfg: dict[str, Any]) -> list[str]:
         policy = get_policy(precision_cfg["policy"]).with_switches(**(precision_cfg.get("switches") or {}))
     except (ValueError, TypeError, KeyError) as exc:
         return [f"precision.policy: {exc}" if "switch" not in str(exc) else f"precision.switches: {exc}"]
-    return [f"precision.backend: {problem}" if not problem.startswith("precision.") else problem
-            for problem in backend_policy_errors(precision_cfg["backend"], policy)]
+    from workloads.precision.scaled_mm import gemm_problems
+
+    problems = [f"precision.backend: {problem}" if not problem.startswith("precision.") else problem
+                for problem in backend_policy_errors(precision_cfg["backend"], policy)]
+    return problems + gemm_problems(precision_cfg.get("gemm", "emulated"), policy, precision_cfg["backend"])
 
 
 def check_model_policy(model_cfg: dict[str, Any], precision_cfg: dict[str, Any]) -> list[str]:

@@ -32,6 +32,7 @@ from workloads.health.signals import AdapterProbe, base_weight_norms
 from workloads.model.loading import attach_lora, load_base_model
 from workloads.precision.backends import apply_backend, select_backend
 from workloads.precision.policy import PrecisionPolicy, get_policy
+from workloads.precision.scaled_mm import enable_scaled_mm
 from workloads.precision.telemetry import Fp8Telemetry
 from workloads.train.checkpoint import Checkpointer
 from workloads.train.loop import LoopSettings, TrainResult
@@ -63,12 +64,13 @@ class PrecisionSettings:
     switches: tuple[tuple[str, Any], ...]
     backend: str
     underflow_threshold_pct: float
+    gemm: str = "emulated"  # ``precision.gemm``: scaled_mm runs the FP8 GEMMs through torch._scaled_mm
 
     @classmethod
     def from_config(cls, precision_cfg: dict[str, Any]) -> PrecisionSettings:
         switches = tuple((precision_cfg["switches"] or {}).items())
         return cls(precision_cfg["policy"], switches, precision_cfg["backend"],
-                   precision_cfg["telemetry"]["underflow_threshold_pct"])
+                   precision_cfg["telemetry"]["underflow_threshold_pct"], precision_cfg.get("gemm", "emulated"))
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ def setup(config: dict[str, Any], hooks: SetupHooks | None = None) -> Trial:
     policy, telemetry = setup_policy(precision)
     base_metrics = (evaluate(model, tokenizer, config["eval"], config["data"]["path"], device, prefix="eval/base_")[0]
                     if config["eval"]["before_training"] else {})
-    choice, handle = setup_backend(model, policy, telemetry, precision.backend, device)
+    choice, handle = setup_backend(model, policy, telemetry, precision.backend, device, precision.gemm)
     trial = Trial(device, model, tokenizer, train_data, policy, telemetry, choice, handle,
                   AdapterProbe(model, base_norms),  # after the backend: it watches what the optimizer updates
                   memory, loop_settings(config["train"], config["precision"]["telemetry"]),
@@ -192,10 +194,15 @@ def setup_policy(precision: PrecisionSettings) -> tuple[PrecisionPolicy, Fp8Tele
 
 
 def setup_backend(model: Any, policy: PrecisionPolicy, telemetry: Fp8Telemetry, backend: str,
-                  device: torch.device) -> tuple[Any, Any]:
-    """(the backend choice, the handle) after applying ``policy`` to ``model`` through it."""
+                  device: torch.device, gemm: str = "emulated") -> tuple[Any, Any]:
+    """(the backend choice, the handle) after applying ``policy`` to ``model`` through it; with
+    ``gemm="scaled_mm"`` the FP8 GEMMs then run through ``torch._scaled_mm`` (each fallback is a
+    plan row and a log line)."""
     choice = select_backend(backend, device)
-    return choice, apply_backend(model, policy, telemetry, choice)
+    handle = apply_backend(model, policy, telemetry, choice)
+    if gemm == "scaled_mm":
+        handle.plan.extend(enable_scaled_mm(model))
+    return choice, handle
 
 
 def calibrate(trial: Trial) -> None:

@@ -12,6 +12,10 @@
   operands.
 - ``LoraComputeLinear`` is the protected/bf16 LoRA GEMM: FP32 master weight, BF16 compute.
 
+With ``precision.gemm=scaled_mm`` (``scaled_mm.enable_scaled_mm`` sets ``real_gemm`` on each
+module) the same casts feed their FP8 codes and scales to ``torch._scaled_mm`` instead of a BF16
+GEMM of the decoded values, where the shape allows (``CastSite.operand``, ``weight_operand``).
+
 Speed (the emulation is benchmarked against BF16): tiles are reshapes/views, never Python
 loops; power-of-two scales are applied in BF16 without FP32 copies; temporaries are reused in
 place; E4M3 decoding avoids torch's slow CPU kernel (formats.decode_fp32) and folds the
@@ -32,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workloads.precision.formats import has_nan_code
+from workloads.precision.scaled_mm import Operand, ScaledMmGemm, gemm_nt, transpose_operand
 from workloads.precision.scaling import CastSpec, Fp8Tensor, Role, ScalingRecipe, TensorScaler
 from workloads.precision.telemetry import Fp8Telemetry, cast_stats
 
@@ -89,12 +94,33 @@ class CastSite:
 
     def cast_with_stats(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The cast of a recorded step: quantize, dequantize and the telemetry stats vector."""
+        _, x_dq, stats = self._quantize_with_stats(x, dtype)
+        return x_dq, stats
+
+    def _quantize_with_stats(
+        self, x: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[Fp8Tensor, torch.Tensor, torch.Tensor]:
         scaler = self.scaler
         q, saturated = scaler.quantize(x, count_saturated=True)
         x_dq = q.dequantize(dtype)
         stats = cast_stats(x, x_dq, q.scale_inv, saturated, q.data, not q.may_have_nan,
                            amax=scaler.last_amax)  # fmt: skip
-        return x_dq, stats
+        return q, x_dq, stats
+
+    def operand(self, x: torch.Tensor, dtype: torch.dtype) -> Operand:
+        """This site's GEMM operand for a real FP8 GEMM (``precision.gemm=scaled_mm``): the FP8
+        codes and scales themselves, not their decoded copy; ``x`` in ``dtype`` when the site
+        does not cast (disabled, or calibrating: then it only observes, as ``__call__`` does).
+        Telemetry records the same row as on the emulated path."""
+        scaler = self.scaler
+        if scaler is None or scaler.calibrating:
+            return self(x, dtype)
+        tel = self.telemetry
+        if tel is None or not tel.recording:
+            return scaler.quantize(x)[0]
+        q, _, stats = self._quantize_with_stats(x, dtype)
+        tel.record_stats(self.layer, self.kind, x.numel(), stats)
+        return q
 
 
 class _SharedCastCache:
@@ -175,6 +201,12 @@ class _BaseLinearFn(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, mod: Fp8BaseLinear) -> torch.Tensor:
         ctx.mod = mod
         ctx.x_dtype = x.dtype
+        if mod.real_gemm is not None:  # precision.gemm=scaled_mm
+            x2d = x.reshape(-1, x.shape[-1])
+            x_op = mod.act_cast.operand(x2d, mod.compute_dtype)
+            out = gemm_nt(mod.real_gemm, x_op, mod.weight_operand(), mod.compute_dtype, "forward")
+            out = out if mod.bias is None else out + mod.bias
+            return out.reshape(*x.shape[:-1], out.shape[-1])
         x_c = mod.act_cast(x, mod.compute_dtype)
         return F.linear(x_c, mod.dequantized_weight(), mod.bias)
 
@@ -183,6 +215,12 @@ class _BaseLinearFn(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None
         mod: Fp8BaseLinear = ctx.mod
+        if mod.real_gemm is not None:  # g [M, N] @ W [N, K]: the second operand is W^T
+            g2d = grad_out.reshape(-1, grad_out.shape[-1])
+            g_op = mod.dgrad_cast.operand(g2d, mod.compute_dtype)
+            w_t = transpose_operand(mod.weight_operand())
+            dx = gemm_nt(mod.real_gemm, g_op, w_t, mod.compute_dtype, "dgrad")
+            return dx.reshape(*grad_out.shape[:-1], dx.shape[-1]).to(ctx.x_dtype), None
         g = mod.dgrad_cast(grad_out, mod.compute_dtype)
         return (g @ mod.dequantized_weight()).to(ctx.x_dtype), None
 
@@ -200,6 +238,7 @@ class Fp8BaseLinear(nn.Module):
     """
 
     _FIXED_DTYPE_BUFFERS = ("weight_fp8", "weight_scale_inv")
+    real_gemm: ScaledMmGemm | None = None  # set by scaled_mm.enable_scaled_mm
 
     def __init__(
         self,
@@ -237,6 +276,8 @@ class Fp8BaseLinear(nn.Module):
             self._weight_cast = _FrozenCast()
         if not spec.enabled:
             return
+        if not self.store_fp8:  # the stock recipe casts the compute-dtype weight, not its source
+            w = self.weight_hp  # (an FP32 source cast directly differs where BF16 double-rounds)
         q, saturated = self._quantize_weight(w, spec)
         if telemetry is not None:  # frozen: stats once, emitted on every recorded step
             _register_weight_stats(self.name, w, q, saturated, not self._weight_has_nan, telemetry)
@@ -275,20 +316,28 @@ class Fp8BaseLinear(nn.Module):
 
     def _cast_weight_hp(self, dtype: torch.dtype) -> torch.Tensor:
         """Cast ``weight_hp`` again when it changed since the FP8 copy was made, then decode."""
+        self._refresh_weight_cast()
+        return self._decode_stored(dtype)
+
+    def _refresh_weight_cast(self) -> None:
         src, seen = self.weight_hp, self._weight_source
         if seen[0]() is src and seen[1] != src._version:  # written to in place: cast again
             self._quantize_weight(src, self.weight_spec)
         self._weight_source = (weakref.ref(src), src._version)  # a device move carries the codes
-        return self._decode_stored(dtype)
+
+    def weight_operand(self) -> Operand:
+        """The weight as a real FP8 GEMM takes it: codes and scales (compute dtype if not FP8)."""
+        if not self.weight_spec.enabled:
+            return self.weight_hp.to(self.compute_dtype)
+        if not self.store_fp8:
+            self._refresh_weight_cast()
+        return self._stored()
+
+    def _stored(self) -> Fp8Tensor:
+        return Fp8Tensor(self.weight_fp8, self.weight_scale_inv, self._weight_tile, self._weight_has_nan)
 
     def _decode_stored(self, dtype: torch.dtype) -> torch.Tensor:
-        q = Fp8Tensor(
-            self.weight_fp8,
-            self.weight_scale_inv,
-            self._weight_tile,
-            self._weight_has_nan,
-        )
-        return q.dequantize(dtype)
+        return self._stored().dequantize(dtype)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -370,6 +419,7 @@ class Fp8TiedLinear(nn.Linear):
             TensorScaler(weight.recipe, weight.format, "weight") if weight.enabled else None
         )
         self._weight_cast = _FrozenCast()
+        self.real_gemm: ScaledMmGemm | None = None  # set by scaled_mm.enable_scaled_mm
         self.act_cast = CastSite(activation, "activation", name, "activation", telemetry)
         self.dgrad_cast = CastSite(dgrad, "grad", name, "dgrad", telemetry)
         if telemetry is not None and self._weight_scaler is not None:
@@ -386,6 +436,12 @@ class Fp8TiedLinear(nn.Linear):
         if self.weight.requires_grad:  # not frozen after all: cast every time
             return scaler.quantize_dequantize(w, dtype)
         return self._weight_cast.get(self.weight, dtype, lambda: scaler.quantize_dequantize(w, dtype))
+
+    def weight_operand(self) -> Operand:
+        """The per-GEMM cast of the shared weight as codes and scales (real FP8 GEMMs)."""
+        scaler = self._weight_scaler
+        w = self.weight.detach()
+        return w.to(self.compute_dtype) if scaler is None else scaler.quantize(w)[0]
 
     def cast_sites(self) -> list[CastSite]:
         return [self.act_cast, self.dgrad_cast]
@@ -405,24 +461,48 @@ class _LoraFp8Fn(torch.autograd.Function):
         ctx: Any, x: torch.Tensor, weight: torch.Tensor, mod: Fp8LoraLinear
     ) -> torch.Tensor:
         cd = mod.compute_dtype
+        ctx.mod, ctx.x_dtype, ctx.w_dtype = mod, x.dtype, weight.dtype
+        if mod.real_gemm is not None:  # precision.gemm=scaled_mm: keep the FP8 operands
+            x2d = x.reshape(-1, x.shape[-1])
+            ctx.ops = (mod.act_cast.operand(x2d, cd), mod.weight_cast.operand(weight, cd))
+            out = gemm_nt(mod.real_gemm, *ctx.ops, cd, "forward")
+            return out.reshape(*x.shape[:-1], out.shape[-1])
         x_q = mod.act_cast(x, cd)
         w_q = mod.weight_cast(weight, cd)
         ctx.save_for_backward(x_q, w_q)
-        ctx.mod, ctx.x_dtype, ctx.w_dtype = mod, x.dtype, weight.dtype
         return F.linear(x_q, w_q)
 
     @staticmethod
     def backward(
         ctx: Any, grad_out: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
-        x_q, w_q = ctx.saved_tensors
         mod: Fp8LoraLinear = ctx.mod
+        if mod.real_gemm is not None:
+            return _LoraFp8Fn.real_backward(ctx, mod, grad_out)
+        x_q, w_q = ctx.saved_tensors
         g = mod.grad_cast(grad_out, mod.compute_dtype)
         dx = (g @ w_q).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
         dw = None
         if ctx.needs_input_grad[1]:
             g2d = g.reshape(-1, g.shape[-1])
             dw = (g2d.t() @ x_q.reshape(-1, x_q.shape[-1])).to(ctx.w_dtype)
+        return dx, dw, None
+
+    @staticmethod
+    def real_backward(
+        ctx: Any, mod: Fp8LoraLinear, grad_out: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        """dx = g @ W (second operand W^T), dW = g^T @ x (second operand x^T), real FP8 GEMMs."""
+        (x_op, w_op), cd, real = ctx.ops, mod.compute_dtype, mod.real_gemm
+        del ctx.ops  # no reference cycle through ctx keeps the operands alive
+        g_op = mod.grad_cast.operand(grad_out.reshape(-1, grad_out.shape[-1]), cd)
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = gemm_nt(real, g_op, transpose_operand(w_op), cd, "dgrad")
+            dx = dx.reshape(*grad_out.shape[:-1], dx.shape[-1]).to(ctx.x_dtype)
+        if ctx.needs_input_grad[1]:
+            g_t, x_t = transpose_operand(g_op), transpose_operand(x_op)
+            dw = gemm_nt(real, g_t, x_t, cd, "wgrad").to(ctx.w_dtype)
         return dx, dw, None
 
 
@@ -432,6 +512,8 @@ class Fp8LoraLinear(nn.Linear):
     ``scaling`` is the recipe kind of all three casts: ``none`` (plain) or ``current``;
     ``power_2_scale`` rounds their scales down to powers of two (False: exact fmax / amax).
     """
+
+    real_gemm: ScaledMmGemm | None = None  # set by scaled_mm.enable_scaled_mm
 
     def __init__(
         self,
