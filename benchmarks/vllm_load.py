@@ -111,7 +111,7 @@ def export_embedded(out: Path) -> Path:
     """The embedded base model written as fp8-block128 by fp8lab's own exporter."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workloads.eval.harness import embedded_paths
+    from workloads.embedded.paths import embedded_paths
     from workloads.export.fp8_block import write_fp8_checkpoint
 
     source = embedded_paths().model_dir
@@ -121,7 +121,7 @@ def export_embedded(out: Path) -> Path:
 
 def task_examples(limit: int | None) -> list[dict[str, Any]]:
     """The embedded task's test examples (prompt, choices, answer index)."""
-    from workloads.eval.harness import embedded_paths
+    from workloads.embedded.paths import embedded_paths
 
     lines = (embedded_paths().data_dir / "test.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines if line.strip()]
