@@ -119,7 +119,7 @@ def speed_table(summary: pd.DataFrame, options: ReportOptions) -> pd.DataFrame:
                 "configuration": r["group"],
                 "tokens/s" + (" (emulated FP8)" if summary["emulated"].any() else ""): _plain(
                     r["tps_mean"], r["tps_low"], r["tps_high"], r["n_tps"], 1
-                ),
+                ) + (" (reused trial, timed in another context)" if r.get("tps_other_context") else ""),
                 f"throughput × {base} [{options.confidence:.0%} CI]": "1.00x (baseline)"
                 if is_base
                 else fmt.ratio(r["tps_ratio"], r["tps_ratio_low"], r["tps_ratio_high"]),
