@@ -23,7 +23,7 @@ from fp8lab_conf.contracts import (
     TAG_DIVERGED_STEP, TAG_EMULATED, TAG_EVAL_AGGREGATE, TAG_EVAL_PRIMARY, TAG_HOST, TAG_POLICY_VERSION, TAG_RAY_NODE_ID,
     TAG_RAY_RESOURCES, TAG_REASON, STATUS_STOPPED_EARLY, TAG_STATUS, TAG_STOPPED_EARLY, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, TrialLaunch,
     METRIC_FINAL_LOSS, METRIC_STEPS_DONE, METRIC_TOKENS_PER_S, METRIC_TRAIN_WALL_S, METRIC_TRIAL_WALL_S, METRIC_UNDERFLOW_EVENTS,
-    RESULT_JSON,
+    METRIC_LOADAVG_END, METRIC_LOADAVG_START, METRIC_QUEUE_S, METRIC_TOKENS_PER_S_MEAN, RESULT_JSON,
 )
 from workloads import data as data_mod
 from workloads.eval_metrics import (PRIMARY_MEAN, configured_tasks, eval_data_dirs, primary_figure, safe_name,
@@ -44,6 +44,7 @@ from workloads.health.rules import HealthRules
 from workloads.health.signals import AdapterProbe, base_weight_norms
 from workloads.inputs import run_inputs
 from workloads.tracking import MlflowTrialLogger, SystemMetrics, write_parquet
+from workloads.step_clock import StepClock, load_average
 from workloads.train_loop import LoopSettings, ProgressFn, TrainResult, run_training
 
 log = logging.getLogger("fp8lab.trial")
@@ -60,6 +61,8 @@ def run_trial(ctx: TrialLaunch, progress: ProgressFn | None = None) -> dict[str,
     try:
         logger.client.update_run(ctx.run_id, status="RUNNING")
         logger.set_tags({TAG_STATUS: "RUNNING"})
+        result["metrics"][METRIC_QUEUE_S] = _queue_seconds(logger, ctx.run_id)
+        logger.log_final({METRIC_QUEUE_S: result["metrics"][METRIC_QUEUE_S]})
         system = SystemMetrics(ctx.tracking_uri, ctx.run_id, float(config["tracking"].get("system_metrics_interval_s", 0)))
         _run(config, ctx, logger, result, progress)
     except Exception as exc:  # noqa: BLE001 - any failure becomes a FAILED result
@@ -104,11 +107,13 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, logger: MlflowTrialLogger,
     faults = FaultInjector(config.get("fault"))
     checkpointer = _checkpointer(config, ctx, logger)
     health = _health_monitor(config, ctx, settings, probe, handle, logger)
+    load_start = load_average()
     train = run_training(model, handle, telemetry, make_batches, settings, logger, progress,
                          before_step=faults.before_step, checkpointer=checkpointer, health=health)
     if checkpointer:
         checkpointer.remove()  # training is over: the checkpoint has served its purpose
-    metrics = {**base_metrics, **_train_metrics(train, memory, handle)}
+    metrics = {**base_metrics, **_train_metrics(train, memory, handle, settings.steps),
+               METRIC_LOADAVG_START: load_start, METRIC_LOADAVG_END: load_average()}
     if train.status == "DIVERGED":
         result.update(status="DIVERGED", reason=f"non-finite loss at step {train.diverged_step}",
                       diverged_step=train.diverged_step)
@@ -120,7 +125,7 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, logger: MlflowTrialLogger,
     metrics["train/tokens_per_epoch"] = float(train_data.attention_mask.sum())
     if train.verdict:
         result["health"] = train.verdict
-    result["metrics"] = metrics
+    result["metrics"].update(metrics)
     logger.log_final(metrics, step=train.steps_done)  # at the last step, so MLflow's latest value is the final one
     _log_telemetry(logger, train)
     if result["status"] == "FINISHED" and config["tracking"].get("log_adapter", True):
@@ -230,9 +235,20 @@ def _version_tags() -> dict[str, str]:
     return tags
 
 
-def _train_metrics(train: TrainResult, memory: PeakMemory, handle: Any) -> dict[str, float]:
+def _queue_seconds(logger: MlflowTrialLogger, run_id: str) -> float:
+    """Seconds from the run's creation (when the sweep planned it) to this trial's start."""
+    created_ms = logger.client.get_run(run_id).info.start_time
+    return max(0.0, time.time() - created_ms / 1000.0) if created_ms else float("nan")
+
+
+def _train_metrics(train: TrainResult, memory: PeakMemory, handle: Any, steps: int) -> dict[str, float]:
+    """The speed figure is the steady-state median of `StepClock`; a run too short to have one
+    after its warm-up falls back to the whole-run mean (which is also logged under its own name)."""
+    steady = StepClock(steps, train.step_windows).summary()
     return {
         METRIC_TOKENS_PER_S: train.tokens_per_s,
+        METRIC_TOKENS_PER_S_MEAN: train.tokens_per_s,
+        **steady,
         METRIC_FINAL_LOSS: train.final_loss,
         METRIC_TRAIN_WALL_S: train.wall_s,
         METRIC_STEPS_DONE: float(train.steps_done),
