@@ -17,6 +17,7 @@ from analysis.early_warning import early_warning_blocks
 from analysis.figures import FigureArtifact
 from analysis.load import SweepRef
 from analysis.options import ReportOptions
+from analysis.recommend import recommendation
 from analysis.render import Bullets, Document, Heading, Image, Para, Table
 from analysis.summary import EMULATED_NOTE, ablation_lines, acc_text, verdict_lines
 from analysis.tidy import axis_columns
@@ -229,7 +230,8 @@ def intro_blocks(inp: ReportInputs) -> list[Block]:
     n_incomplete = int((t["status"] == "INCOMPLETE").sum()) if len(t) else 0
     n_stopped = int((t["status"] == "STOPPED_EARLY").sum()) if len(t) else 0
     n_reused = int(t["reused"].sum()) if len(t) and "reused" in t else 0
-    blocks: list[Block] = [
+    blocks: list[Block] = [Para(recommendation(inp.summary, inp.options))] if len(inp.summary) else []
+    blocks += [
         Para(
             f"Report of {_scope_text(inp)}, tracking store `{inp.tracking_uri}`, generated {inp.generated_at}. "
             f"{len(t)} trial(s) from {len(t) + len(inp.superseded)} MLflow run(s): {n_counted} counted "
