@@ -123,7 +123,8 @@ def speed_table(summary: pd.DataFrame, options: ReportOptions) -> pd.DataFrame:
                 ) + (" (reused trial, timed in another context)" if r.get("tps_other_context") else ""),
                 f"throughput × {base} [{options.confidence:.0%} CI]": "1.00x (baseline)"
                 if is_base
-                else fmt.ratio(r["tps_ratio"], r["tps_ratio_low"], r["tps_ratio_high"]),
+                else fmt.ratio(r["tps_ratio"], r["tps_ratio_low"], r["tps_ratio_high"])
+                + (f" ({r['tps_ratio_source']})" if r.get("tps_ratio_source") and fmt.ok(r["tps_ratio"]) else ""),
                 "peak memory, GiB": _plain(r["mem_gib_mean"], r["mem_gib_low"], r["mem_gib_high"], r["n_mem"], 2),
                 f"memory × {base} [{options.confidence:.0%} CI]": "1.00x (baseline)"
                 if is_base

@@ -45,5 +45,6 @@ def _measured(good: list[dict[str, Any]], base: str, options: ReportOptions) -> 
         return f"Recommendation: stay with `{base}` — FP8 configurations match its quality but {why}."
     pick = max(faster, key=lambda r: float(r["tps_ratio"]))
     ci = fmt.interval(pick["tps_ratio_low"], pick["tps_ratio_high"])
-    speed = f"measured on real FP8 in this sweep, {fmt.num(pick['tps_ratio'], 2)}x `{base}`'s tokens/s" + (f" {ci}" if ci else "")
+    source = pick.get("tps_ratio_source") or "sweep-time tokens/s"
+    speed = f"measured on real FP8 ({source}), {fmt.num(pick['tps_ratio'], 2)}x `{base}`'s tokens/s" + (f" {ci}" if ci else "")
     return f"Recommendation: `{pick['group']}` — {_quality_phrase(pick, options)}; speed: {speed}."

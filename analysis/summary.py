@@ -402,7 +402,8 @@ def verdict_lines(
                 r["lora_std_min"] = math.nan
             if fmt.ok(r["tps_ratio"]):
                 ci = fmt.interval(r["tps_ratio_low"], r["tps_ratio_high"])
-                parts.append(f"{fmt.num(r['tps_ratio'], 2)}x its throughput" + (f" {ci}" if ci else "") + speed_note)
+                source = f" ({r['tps_ratio_source']})" if r.get("tps_ratio_source") else ""
+                parts.append(f"{fmt.num(r['tps_ratio'], 2)}x its throughput" + (f" {ci}" if ci else "") + source + speed_note)
             elif fmt.ok(r["tps_mean"]):
                 context = f" ({OTHER_CONTEXT_NOTE})" if r.get("tps_ratio_note") == OTHER_CONTEXT_NOTE else ""
                 parts.append(f"{fmt.si(r['tps_mean'])} tokens/s{context}{speed_note}")
