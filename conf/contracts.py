@@ -94,7 +94,7 @@ NON_SEMANTIC_KEYS: tuple[str, ...] = (
 # --- metrics ----------------------------------------------------------------------------------
 METRIC_ACCURACY = "eval/accuracy"
 METRIC_ACCURACY_STDERR = "eval/accuracy_stderr"
-METRIC_TOKENS_PER_S = "train/tokens_per_s"  # the trial's speed: steady-state median (workloads/step_clock.py), once at the end
+METRIC_TOKENS_PER_S = "train/tokens_per_s"  # the trial's speed: steady-state median (workloads/train/step_clock.py), once at the end
 METRIC_TOKENS_PER_S_MEAN = "train/tokens_per_s_mean"  # whole-run mean (warm-up and all), once at the end
 METRIC_TOKENS_PER_S_P25 = "train/tokens_per_s_p25"  # quartiles of the steady-state tokens/s over timed windows
 METRIC_TOKENS_PER_S_P75 = "train/tokens_per_s_p75"

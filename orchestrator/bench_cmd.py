@@ -1,4 +1,4 @@
-"""`fp8lab bench`: the paired speed probe (workloads/speed_probe.py) on any config.
+"""`fp8lab bench`: the paired speed probe (workloads/train/speed_probe.py) on any config.
 
 The sweep's policies (`sweep.axes.precision`, same grammar as `fp8lab sweep`: `precision=a,b`)
 are timed back to back in this process on the same model and batch shape, interleaved over
@@ -36,7 +36,7 @@ def run_bench(args: argparse.Namespace, config: dict[str, Any]) -> int:
     if args.rounds < 2 or args.chunk < 1:
         raise UserInputError("--rounds/--chunk: at least 2 rounds of 1 step (fix: --rounds 6 --chunk 5)")
     policies = probe_policies(config)
-    from workloads.speed_probe import ProbeSettings, run_probe  # the training stack: needed from here on
+    from workloads.train.speed_probe import ProbeSettings, run_probe  # the training stack: needed from here on
 
     result = run_probe(policies, [o for o in args.overrides if not o.lstrip("+~").startswith("sweep.")],
                        ProbeSettings(rounds=args.rounds, chunk=args.chunk))

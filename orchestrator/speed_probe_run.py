@@ -1,4 +1,4 @@
-"""`sweep.speed_probe=true`: the paired speed probe (workloads/speed_probe.py), once per sweep, in a
+"""`sweep.speed_probe=true`: the paired speed probe (workloads/train/speed_probe.py), once per sweep, in a
 Ray worker with one trial's resources, logged to the sweep's parent run for the report.
 
 Logged: `speed_probe/<policy>/ratio`, `.../low`, `.../high` (wall-clock step-time ratio to bf16,
@@ -16,7 +16,7 @@ PREFIX = "speed_probe/"
 
 @ray.remote(max_calls=1)
 def probe_task(policies: list[str], overrides: list[str]) -> dict[str, Any]:
-    from workloads.speed_probe import ProbeSettings, run_probe  # noqa: PLC0415 - the training stack, in the worker
+    from workloads.train.speed_probe import ProbeSettings, run_probe  # noqa: PLC0415 - the training stack, in the worker
 
     return run_probe(policies, overrides, ProbeSettings())
 
