@@ -17,6 +17,7 @@ from analysis.early_warning import early_warning_blocks
 from analysis.figures import FigureArtifact
 from analysis.load import SweepRef
 from analysis.options import ReportOptions
+from analysis.recommend import recommendation
 from analysis.render import Bullets, Document, Heading, Image, Para, Table
 from analysis.summary import EMULATED_NOTE, ablation_lines, acc_text, verdict_lines
 from analysis.tidy import axis_columns
@@ -122,10 +123,11 @@ def speed_table(summary: pd.DataFrame, options: ReportOptions) -> pd.DataFrame:
                 "configuration": r["group"],
                 "tokens/s" + (" (emulated FP8)" if summary["emulated"].any() else ""): _plain(
                     r["tps_mean"], r["tps_low"], r["tps_high"], r["n_tps"], 1
-                ),
+                ) + (" (reused trial, timed in another context)" if r.get("tps_other_context") else ""),
                 f"throughput × {base} [{options.confidence:.0%} CI]": "1.00x (baseline)"
                 if is_base
-                else fmt.ratio(r["tps_ratio"], r["tps_ratio_low"], r["tps_ratio_high"]),
+                else fmt.ratio(r["tps_ratio"], r["tps_ratio_low"], r["tps_ratio_high"])
+                + (f" ({r['tps_ratio_source']})" if r.get("tps_ratio_source") and fmt.ok(r["tps_ratio"]) else ""),
                 "peak memory, GiB": _plain(r["mem_gib_mean"], r["mem_gib_low"], r["mem_gib_high"], r["n_mem"], 2),
                 f"memory × {base} [{options.confidence:.0%} CI]": "1.00x (baseline)"
                 if is_base
@@ -232,7 +234,8 @@ def intro_blocks(inp: ReportInputs) -> list[Block]:
     n_incomplete = int((t["status"] == "INCOMPLETE").sum()) if len(t) else 0
     n_stopped = int((t["status"] == "STOPPED_EARLY").sum()) if len(t) else 0
     n_reused = int(t["reused"].sum()) if len(t) and "reused" in t else 0
-    blocks: list[Block] = [
+    blocks: list[Block] = [Para(recommendation(inp.summary, inp.options))] if len(inp.summary) else []
+    blocks += [
         Para(
             f"Report of {_scope_text(inp)}, tracking store `{inp.tracking_uri}`, generated {inp.generated_at}. "
             f"{len(t)} trial(s) from {len(t) + len(inp.superseded)} MLflow run(s): {n_counted} counted "

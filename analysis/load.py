@@ -511,6 +511,7 @@ def fetch_parent(tracking_uri: str, run_id: str | None) -> dict[str, Any] | None
         "artifact_uri": run.info.artifact_uri,
         "tags": dict(run.data.tags),
         "params": dict(run.data.params),
+        "metrics": dict(run.data.metrics),
     }
 
 

@@ -24,6 +24,7 @@ from analysis.figures import all_figures
 from analysis.files import write_folder_atomic
 from analysis.options import ReportOptions
 from analysis.render import to_html, to_markdown
+from analysis.speed_probe import apply_probe, probe_ratios
 from analysis.summary import ablation_table, build_summary
 from analysis.tidy import apply_final_values, clean_history, dedupe_trials, step_series, tidy_runs
 
@@ -158,7 +159,8 @@ def generate_report(
         )
     evidence = Evidence.of(samples)
     t = lap("eval_samples", t)
-    summary = build_summary(trials, options, superseded, evidence)
+    summary = apply_probe(build_summary(trials, options, superseded, evidence),
+                          probe_ratios(parent.get("metrics") if parent else None))
     ablations = ablation_table(trials, options, evidence)
     t = lap("statistics", t)
     figures = all_figures(trials, summary, history, telemetry, options, warnings)

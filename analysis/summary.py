@@ -31,6 +31,9 @@ from analysis.tidy import TEL_PREFIX, TELEMETRY_KINDS, axis_columns, natural_key
 
 GIB = float(1 << 30)
 EMULATED_NOTE = "emulated FP8 — speed not representative of FP8 hardware"
+# A trial reused from an earlier sweep (or `fp8lab trial`) was timed on another occasion: another
+# load, maybe another machine. Its tokens/s is shown with this flag and never enters a ratio.
+OTHER_CONTEXT_NOTE = "timed in another context (reused trial: earlier sweep or `fp8lab trial`), not compared"
 
 
 @dataclass(frozen=True)
@@ -162,16 +165,32 @@ def _ratio_cols(sub: pd.DataFrame, base_sub: pd.DataFrame | None, note: str, opt
         if base_sub is None:
             row.update({name: math.nan, f"{name}_low": math.nan, f"{name}_high": math.nan, f"{name}_note": note})
             continue
-        r = ratio_ci(_vals(sub, col), _vals(base_sub, col), options.confidence)
+        mine, base = (_same_context(sub), _same_context(base_sub)) if col == "tokens_per_s" else (sub, base_sub)
+        if col == "tokens_per_s" and not (_finite(mine, col) and _finite(base, col)) and _finite(sub, col) and _finite(base_sub, col):
+            row.update({name: math.nan, f"{name}_low": math.nan, f"{name}_high": math.nan, f"{name}_note": OTHER_CONTEXT_NOTE})
+            continue
+        r = ratio_ci(_vals(mine, col), _vals(base, col), options.confidence)
         row.update({name: r.ratio, f"{name}_low": r.low, f"{name}_high": r.high, f"{name}_note": r.note})
     return row
 
 
+def _same_context(sub: pd.DataFrame) -> pd.DataFrame:
+    """The trials timed in this sweep (not reused from another): the only ones whose speeds compare."""
+    return sub[~sub["reused"].astype(bool)] if "reused" in sub else sub
+
+
+def _finite(sub: pd.DataFrame, col: str) -> bool:
+    return bool(np.isfinite(_vals(sub, col)).any())
+
+
 def _speed_cols(sub: pd.DataFrame, options: ReportOptions) -> dict[str, Any]:
-    tps = mean_ci(_vals(sub, "tokens_per_s"), options.confidence, (0.0, math.inf))
+    """Speed from this sweep's own trials; only when it has none, from reused ones (flagged)."""
+    same = _same_context(sub)
+    other = not _finite(same, "tokens_per_s") and _finite(sub, "tokens_per_s")
+    tps = mean_ci(_vals(sub if other else same, "tokens_per_s"), options.confidence, (0.0, math.inf))
     mem = mean_ci(_vals(sub, "peak_bytes", 1.0 / GIB), options.confidence, (0.0, math.inf))
     return {
-        "n_tps": tps.n, "tps_mean": tps.mean, "tps_low": tps.low, "tps_high": tps.high,
+        "n_tps": tps.n, "tps_mean": tps.mean, "tps_low": tps.low, "tps_high": tps.high, "tps_other_context": other,
         "n_mem": mem.n, "mem_gib_mean": mem.mean, "mem_gib_low": mem.low, "mem_gib_high": mem.high,
     }  # fmt: skip
 
@@ -376,7 +395,8 @@ def verdict_lines(
         r = row.to_dict()
         speed_note = f" ({EMULATED_NOTE})" if r["emulated"] else ""
         if r["policy"] == options.baseline_policy:
-            parts = [f"baseline: accuracy (%) {acc_text(r, options)}", f"{fmt.si(r['tps_mean'])} tokens/s{speed_note}"]
+            context = f" ({OTHER_CONTEXT_NOTE})" if r.get("tps_other_context") else ""
+            parts = [f"baseline: accuracy (%) {acc_text(r, options)}", f"{fmt.si(r['tps_mean'])} tokens/s{context}{speed_note}"]
         else:
             parts = [_quality_phrase(r, options)]
             if loses_accuracy(r, options):  # the mechanism phrase then carries the collapse finding
@@ -384,9 +404,11 @@ def verdict_lines(
                 r["lora_std_min"] = math.nan
             if fmt.ok(r["tps_ratio"]):
                 ci = fmt.interval(r["tps_ratio_low"], r["tps_ratio_high"])
-                parts.append(f"{fmt.num(r['tps_ratio'], 2)}x its throughput" + (f" {ci}" if ci else "") + speed_note)
+                source = f" ({r['tps_ratio_source']})" if r.get("tps_ratio_source") else ""
+                parts.append(f"{fmt.num(r['tps_ratio'], 2)}x its throughput" + (f" {ci}" if ci else "") + source + speed_note)
             elif fmt.ok(r["tps_mean"]):
-                parts.append(f"{fmt.si(r['tps_mean'])} tokens/s{speed_note}")
+                context = f" ({OTHER_CONTEXT_NOTE})" if r.get("tps_ratio_note") == OTHER_CONTEXT_NOTE else ""
+                parts.append(f"{fmt.si(r['tps_mean'])} tokens/s{context}{speed_note}")
             if fmt.ok(r["mem_ratio"]):
                 parts.append(f"{fmt.num(r['mem_ratio'], 2)}x its peak memory")
         if r.get("deviations"):

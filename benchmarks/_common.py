@@ -34,42 +34,8 @@ _LOAD_AT_START = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 # -- statistics --------------------------------------------------------------------------------
-def summarize(samples: list[float]) -> dict[str, float]:
-    """Median and quartiles (a benchmark's figure is the median; IQR shows the noise)."""
-    if not samples:
-        return {"median": float("nan"), "p25": float("nan"), "p75": float("nan"), "n": 0}
-    ordered = sorted(samples)
-    if len(ordered) >= 2:
-        q = statistics.quantiles(ordered, n=4, method="inclusive")
-        p25, p75 = q[0], q[2]
-    else:
-        p25 = p75 = ordered[0]
-    return {"median": statistics.median(ordered), "p25": p25, "p75": p75, "n": len(ordered)}
-
-
-def ratio_samples(a: list[float], b: list[float]) -> list[float]:
-    """Per-round ratios a_i / b_i (rounds are paired by position)."""
-    return [x / y for x, y in zip(a, b, strict=False) if y]
-
-
-def interleave(variants: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, Any]:
-    """Call each variant once per round, rotating the order each round; returns the samples.
-
-    A variant returns a float (samples: ``{name: [floats]}``) or a dict of floats (samples:
-    ``{name: {key: [floats]}}``)."""
-    names = list(variants)
-    samples: dict[str, Any] = {}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            value = variants[name]()
-            if isinstance(value, Mapping):
-                bucket = samples.setdefault(name, {})
-                for key, v in value.items():
-                    bucket.setdefault(key, []).append(float(v))
-            else:
-                samples.setdefault(name, []).append(float(value))
-    return {n: samples[n] for n in names if n in samples}
+# One implementation, shared with the product's paired speed probe (`fp8lab bench`).
+from workloads.train.speed_probe import interleave, ratio_samples, summarize  # noqa: E402,F401
 
 
 def compare(samples: dict[str, dict[str, list[float]]], reference: str) -> dict[str, dict[str, Any]]:

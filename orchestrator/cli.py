@@ -28,6 +28,7 @@ EPILOG = """examples:
   fp8lab export RUN_ID --format fp8-block128 --out model-fp8/
   fp8lab export --sweep SWEEP_ID --best --format merged --out model/ --register my-model
   fp8lab ui
+  fp8lab bench precision=bf16,fp8_protected     # paired speed probe: step-time ratios to bf16 with CIs
   fp8lab trial --cfg job                        # print the composed config
 """
 
@@ -53,9 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--all", action="store_true", help="report every trial run in the experiment")
     report.add_argument("--out", help="output folder (default: fp8lab-report/<sweep_id>)")
     _add_hydra_args(report, cfg=False)
+    from orchestrator.bench_cmd import add_bench_parser
     from orchestrator.export_cmd import add_export_parser
 
     add_export_parser(sub)
+    add_bench_parser(sub)
     ui = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the configured store")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -81,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
-        "trial": cmd_trial, "sweep": cmd_sweep, "report": cmd_report, "export": cmd_export, "ui": cmd_ui}
+        "trial": cmd_trial, "sweep": cmd_sweep, "report": cmd_report, "export": cmd_export, "ui": cmd_ui,
+        "bench": cmd_bench}
     try:
         return handlers[args.command](args)
     except UserInputError as exc:
@@ -268,6 +272,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from orchestrator.export_cmd import cmd_export as run_export
 
     return run_export(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from orchestrator.bench_cmd import run_bench
+    from orchestrator.sweep_grammar import rewrite_sweep_overrides
+
+    args.overrides = rewrite_sweep_overrides(args.overrides, args.config_dir).overrides
+    args.command = "sweep"  # the overrides are axes now, as for `fp8lab sweep`
+    return run_bench(args, _composed(args))
 
 
 def cmd_ui(args: argparse.Namespace) -> int:

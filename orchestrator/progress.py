@@ -54,7 +54,35 @@ def render_table(specs: list[Any], rows: dict[str, dict[str, Any]], total_steps:
             f"{ended - started:.0f}s" if started else "-",
             health_cell(row.get("health")),
         )
+    table.caption = eta_line(specs, rows)
     return table
+
+
+DONE_STATES = ("FINISHED", "DIVERGED", "STOPPED_EARLY", "FAILED", "KILLED")
+
+
+def eta_line(specs: list[Any], rows: dict[str, dict[str, Any]], now: float | None = None) -> str:
+    """'N pending; ETA ~M min' once a trial of every policy still to run has finished (its mean
+    duration then stands for that policy's other trials), spread over the trials running now."""
+    now = time.time() if now is None else now
+    durations: dict[str, list[float]] = {}
+    left: list[tuple[str, float]] = []  # (policy, seconds it has run so far)
+    for spec in specs:
+        row, policy = rows.get(spec.trial_id, {}), spec.config.get("precision", {}).get("policy", "")
+        state, started = row.get("state", "PENDING"), row.get("started")
+        if state in ("FINISHED", "DIVERGED") and started is not None and row.get("ended") is not None:
+            durations.setdefault(policy, []).append(row["ended"] - started)
+        elif state not in DONE_STATES:
+            left.append((policy, now - started if state == "RUNNING" and started is not None else 0.0))
+    pending = sum(1 for s in specs if rows.get(s.trial_id, {}).get("state", "PENDING") == "PENDING")
+    if not left:
+        return ""
+    if any(p not in durations for p, _ in left):
+        return f"{pending} pending; ETA once a trial of each policy has finished"
+    mean = {p: sum(v) / len(v) for p, v in durations.items()}
+    running = sum(1 for s in specs if rows.get(s.trial_id, {}).get("state") == "RUNNING")
+    work = sum(max(0.0, mean[p] - ran) for p, ran in left)
+    return f"{pending} pending; ETA ~{work / max(1, running) / 60:.1f} min"
 
 
 HEALTH_STYLE = {"healthy": "green", "at risk": "yellow", "doomed": "red"}

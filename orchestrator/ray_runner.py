@@ -168,9 +168,11 @@ def submit(launch: TrialLaunch, board: Any, cluster: dict[str, Any], max_retries
 
 
 def wait_all(refs: dict[ray.ObjectRef, str], on_tick: Callable[[], None],
-             on_result: Callable[[str, dict[str, Any]], None], tick_s: float = 0.5) -> None:
+             on_result: Callable[[str, dict[str, Any]], None], tick_s: float = 0.5,
+             refill: Callable[[], list[ray.ObjectRef]] | None = None) -> None:
     """Wait for every trial; a task that failed outright (worker died past its retries) becomes a
-    FAILED result instead of an exception, so one bad trial never stops the sweep."""
+    FAILED result instead of an exception, so one bad trial never stops the sweep. `refill`, after
+    each result, submits the next trial (its ref lands in `refs`) and returns the new refs."""
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1, timeout=tick_s)
@@ -180,4 +182,5 @@ def wait_all(refs: dict[ray.ObjectRef, str], on_tick: Callable[[], None],
                 on_result(trial_id, ray.get(ref))
             except RayError as exc:
                 on_result(trial_id, {"status": "FAILED", "reason": f"worker failed: {_first_line(exc)}", "metrics": {}})
+            pending += refill() if refill else []
         on_tick()

@@ -153,6 +153,7 @@ SCHEMA: dict[str, Any] = {
         "max_retries": _int("an integer >= 0", "1", lo=0),
         "early_stop": _BOOL,
         "report": _BOOL,
+        "speed_probe": _BOOL,
     },
     "fault": {
         "kind": _choice("nan_weights", "raise", "kill", nullable=True),

@@ -100,25 +100,56 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
     run_ids: dict[str, str] = {}
     started = time.time()
     interrupted = False
+    refs: dict = {}
+    queue = list(enumerate(plan.to_run))
+
+    def launch(n: int) -> list:
+        """Create the next `n` trials' runs and submit them. Runs are created when a slot is free,
+        so a child run's MLflow start time (and Duration) is its trial's, not the sweep's."""
+        new = []
+        while queue and len(new) < n:
+            index, spec = queue.pop(0)
+            run_ids[spec.trial_id] = runs.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, trial_params(spec.config))
+            trial = ray_runner.TrialLaunch(_for_workers(spec.config), spec.trial_id, run_ids[spec.trial_id],
+                                           plan.tracking_uri, policy_label(spec.config))
+            ref = ray_runner.submit(trial, board, cluster, plan.config["sweep"]["max_retries"], index)
+            refs[ref] = spec.trial_id
+            new.append(ref)
+        return new
+
     with _signals_raise_interrupt():
         try:
-            refs = {}
-            for index, spec in enumerate(plan.to_run):
-                run_ids[spec.trial_id] = runs.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, trial_params(spec.config))
-                launch = ray_runner.TrialLaunch(_for_workers(spec.config), spec.trial_id, run_ids[spec.trial_id],
-                                                plan.tracking_uri, policy_label(spec.config))
-                refs[ray_runner.submit(launch, board, cluster, plan.config["sweep"]["max_retries"], index)] = spec.trial_id
-            _wait_with_table(plan, refs, board, results, console)
+            launch(ray_runner.parallel_slots(cluster))
+            _wait_with_table(plan, refs, board, results, console, lambda: launch(1))
         except (KeyboardInterrupt, Interrupted):
             interrupted = True
-            _cancel(refs if "refs" in locals() else {})
+            _cancel(refs)
     makespan = time.time() - started
+    if plan.config["sweep"].get("speed_probe") and not interrupted:
+        _speed_probe(plan, client, parent, console)
     unfinished = [run_ids[t] for t in run_ids if t not in results]
     _record_failures(client, run_ids, results)
     sweep_summary.log_policy_summary(client, parent, results, plan.skipped)
     runs.close_unfinished(client, unfinished, "KILLED", "sweep interrupted" if interrupted else "no result")
     runs.finish_parent(client, parent, "KILLED" if interrupted else "FINISHED")
     return SweepOutcome(plan, results, parent, makespan, ray_runner.parallel_slots(cluster), interrupted)
+
+
+def _speed_probe(plan: SweepPlan, client: MlflowClient, parent: str, console: Any) -> None:
+    """The paired speed probe, once, after the trials: a failure is printed, never fails the sweep."""
+    from orchestrator import speed_probe_run
+
+    try:
+        console.print(speed_probe_run.run_and_log(client, parent, plan.config, _probe_overrides(plan)), markup=False, highlight=False)
+    except Exception as exc:  # noqa: BLE001 - the trials' results stand without it
+        console.print(f"speed probe failed: {type(exc).__name__}: {exc}", markup=False)
+
+
+def _probe_overrides(plan: SweepPlan) -> list[str]:
+    """The overrides of the sweep's first cell without its axis values: the probe's base config."""
+    first = plan.specs[0] if plan.specs else None
+    axes = {f"{k}=" for k in (first.axis_values if first else {})}
+    return [o for o in (first.overrides if first else ()) if not any(o.startswith(a) for a in axes)]
 
 
 def _for_workers(config: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +159,8 @@ def _for_workers(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "train": train}
 
 
-def _wait_with_table(plan: SweepPlan, refs: dict, board: Any, results: dict, console: Any) -> None:
+def _wait_with_table(plan: SweepPlan, refs: dict, board: Any, results: dict, console: Any,
+                     refill: Any = None) -> None:
     """A live table on a terminal; in a log (no terminal) one line per trial state change."""
     import ray
 
@@ -158,10 +190,11 @@ def _wait_with_table(plan: SweepPlan, refs: dict, board: Any, results: dict, con
 
     if not console.is_terminal:
         console.print(title)
-        ray_runner.wait_all(refs, lambda: log_changes(rows_now()), on_result)
+        ray_runner.wait_all(refs, lambda: log_changes(rows_now()), on_result, refill=refill)
         return
     with Live(progress_mod.render_table(plan.to_run, {}, 0, title), console=console, refresh_per_second=2) as live:
-        ray_runner.wait_all(refs, lambda: live.update(progress_mod.render_table(plan.to_run, rows_now(), 0, title)), on_result)
+        ray_runner.wait_all(refs, lambda: live.update(progress_mod.render_table(plan.to_run, rows_now(), 0, title)), on_result,
+                            refill=refill)
 
 
 def _cancel(refs: dict) -> None:

@@ -20,7 +20,8 @@ from typing import Any, Callable, Protocol
 import torch
 
 from fp8lab_conf.contracts import (
-    METRIC_FINAL_LOSS, METRIC_STEPS_DONE, METRIC_TOKENS_PER_S, METRIC_TRAIN_WALL_S, METRIC_UNDERFLOW_EVENTS,
+    METRIC_FINAL_LOSS, METRIC_STEPS_DONE, METRIC_TOKENS_PER_S, METRIC_TOKENS_PER_S_MEAN, METRIC_TRAIN_WALL_S,
+    METRIC_UNDERFLOW_EVENTS,
 )
 from workloads.data import load as data_mod
 from workloads.eval.harness import evaluate_tasks
@@ -37,6 +38,7 @@ from workloads.precision.telemetry import Fp8Telemetry
 from workloads.train.checkpoint import Checkpointer
 from workloads.train.loop import LoopSettings, TrainResult
 from workloads.train.memory import PeakMemory
+from workloads.train.step_clock import StepClock
 
 log = logging.getLogger("fp8lab.trial")
 
@@ -233,8 +235,12 @@ def setup_checkpointer(train_cfg: dict[str, Any], trial_id: str, run_id: str) ->
 
 
 def train_metrics(train: TrainResult, trial: Trial) -> dict[str, float]:
+    """The speed figure is the steady-state median of `StepClock`; a run too short to have one
+    after its warm-up falls back to the whole-run mean (which is also logged under its own name)."""
     return {
         METRIC_TOKENS_PER_S: train.tokens_per_s,
+        METRIC_TOKENS_PER_S_MEAN: train.tokens_per_s,
+        **StepClock(trial.settings.steps, train.step_windows).summary(),
         METRIC_FINAL_LOSS: train.final_loss,
         METRIC_TRAIN_WALL_S: train.wall_s,
         METRIC_STEPS_DONE: float(train.steps_done),

@@ -15,7 +15,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from fp8lab_conf.contracts import METRIC_TRIAL_WALL_S, STATUS_STOPPED_EARLY, TrialLaunch
+from fp8lab_conf.contracts import (
+    METRIC_LOADAVG_END, METRIC_LOADAVG_START, METRIC_QUEUE_S, METRIC_TRIAL_WALL_S, STATUS_STOPPED_EARLY, TrialLaunch,
+)
 from workloads import recipe
 from workloads.eval.metrics import safe_name
 from workloads.export.adapter import ADAPTER_ARTIFACT, save_adapter
@@ -24,6 +26,7 @@ from workloads.record.recorder import TrialRecorder
 from workloads.record.reference import mlflow_reference
 from workloads.train.faults import FaultInjector
 from workloads.train.loop import ProgressFn, run_training
+from workloads.train.step_clock import load_average
 
 log = logging.getLogger("fp8lab.trial")
 
@@ -37,6 +40,7 @@ def run_trial(ctx: TrialLaunch, progress: ProgressFn | None = None) -> dict[str,
     started = time.perf_counter()
     try:
         recorder.start(float(config["tracking"].get("system_metrics_interval_s", 0)))
+        result["metrics"][METRIC_QUEUE_S] = recorder.queue_seconds()
         _run(config, ctx, recorder, result, progress)
     except Exception as exc:  # noqa: BLE001 - any failure becomes a FAILED result
         log.error("trial failed:\n%s", traceback.format_exc())
@@ -81,11 +85,13 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, recorder: TrialRecorder,
     health_cfg = recipe.HealthSettings.from_config(config["health"], config["sweep"].get("early_stop", False))
     health = recipe.setup_health(health_cfg, trial, mlflow_reference(ctx.tracking_uri, ctx.run_id, health_cfg.reference_policy),
                                  recorder.logger)
+    load_start = load_average()
     train = run_training(trial.model, trial.handle, trial.telemetry, trial.batches, trial.settings, recorder.logger,
                          progress, before_step=faults.before_step, checkpointer=checkpointer, health=health)
     if checkpointer:
         checkpointer.remove()  # training is over: the checkpoint has served its purpose
-    metrics = {**trial.base_metrics, **recipe.train_metrics(train, trial)}
+    metrics = {**trial.base_metrics, **recipe.train_metrics(train, trial),
+               METRIC_LOADAVG_START: load_start, METRIC_LOADAVG_END: load_average()}
     if train.status == "DIVERGED":
         result.update(status="DIVERGED", reason=f"non-finite loss at step {train.diverged_step}",
                       diverged_step=train.diverged_step)
@@ -99,7 +105,7 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, recorder: TrialRecorder,
     metrics["train/tokens_per_epoch"] = float(trial.train_data.attention_mask.sum())
     if train.verdict:
         result["health"] = train.verdict
-    result["metrics"] = metrics
+    result["metrics"].update(metrics)
     keep_adapter = result["status"] == "FINISHED" and config["tracking"].get("log_adapter", True)
     recorder.end(metrics, train.steps_done, train.telemetry_rows,
                  adapter=(ADAPTER_ARTIFACT, lambda folder: save_adapter(trial.model, folder)) if keep_adapter else None)

@@ -51,6 +51,12 @@ def test_sweep_layout_failures_and_rerun(workdir: Path) -> None:
     for run in by_status["FAILED"]:
         assert run.info.status == "FAILED" and "injected fault at step 2" in run.data.tags["fp8lab.reason"]
     assert "run_name" in first.stdout or "bf16-s0" in first.stdout
+    # a child run starts when its trial gets a slot (2 slots, 4 trials): MLflow's Duration is the trial's own
+    ordered = sorted(children, key=lambda r: r.info.start_time)
+    first_done = min(r.info.end_time for r in ordered[:2])
+    assert all(r.info.start_time >= first_done for r in ordered[2:]), [(r.info.start_time, r.info.end_time) for r in ordered]
+    for run in by_status["FINISHED"]:
+        assert {"trial/queue_s", "train/step_s", "train/tokens_per_s_mean", "sys/loadavg_start"} <= set(run.data.metrics)
 
     dry = run_cli([*args, "--dry-run"], workdir)
     assert dry.stdout.count("skip (FINISHED)") == 2

@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,7 +21,7 @@ from fp8lab_conf.contracts import (
     RESULT_JSON, STATUS_STOPPED_EARLY, TAG_ABLATION, TAG_ADAPTER_ERROR, TAG_BACKEND, TAG_BACKEND_REASON,
     TAG_CUDA_VISIBLE_DEVICES, TAG_DEVIATIONS, TAG_DEVICE, TAG_DIVERGED_STEP, TAG_EMULATED, TAG_EVAL_AGGREGATE,
     TAG_EVAL_PRIMARY, TAG_HOST, TAG_POLICY_VERSION, TAG_RAY_NODE_ID, TAG_RAY_RESOURCES, TAG_REASON, TAG_STATUS,
-    TAG_STOPPED_EARLY, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, METRIC_STEPS_DONE, METRIC_TRIAL_WALL_S,
+    TAG_STOPPED_EARLY, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, METRIC_QUEUE_S, METRIC_STEPS_DONE, METRIC_TRIAL_WALL_S,
 )
 from workloads.record.logger import MlflowTrialLogger, SystemMetrics, write_parquet
 from workloads.record.run_inputs import run_inputs
@@ -45,6 +46,14 @@ class TrialRecorder:
         self.logger.client.update_run(self.run_id, status="RUNNING")
         self.logger.set_tags({TAG_STATUS: "RUNNING"})
         self._system = SystemMetrics(self.tracking_uri, self.run_id, system_metrics_interval_s)
+
+    def queue_seconds(self) -> float:
+        """Seconds from the run's creation (when the sweep gave it a slot) to this trial's start,
+        logged as its own metric so MLflow's Duration is never read as the trial's time."""
+        created_ms = self.logger.client.get_run(self.run_id).info.start_time
+        queued = max(0.0, time.time() - created_ms / 1000.0) if created_ms else float("nan")
+        self.logger.log_final({METRIC_QUEUE_S: queued})
+        return queued
 
     def inputs(self, config: dict[str, Any], rows: Any, embedded_dir: Path) -> None:
         """The training rows and the eval task as the run's dataset inputs."""

@@ -16,9 +16,10 @@ import torch
 from transformers import get_scheduler
 
 from fp8lab_conf.contracts import (
-    METRIC_GRAD_NORM, METRIC_LORA_WEIGHT_STD, METRIC_LOSS, METRIC_LOSS_SCALE, METRIC_LR, METRIC_TOKENS_PER_S_WINDOW,
-    METRIC_UNDERFLOW_EVENTS, STATUS_STOPPED_EARLY, TAG_RESUMED_FROM_STEP,
+    METRIC_GRAD_NORM, METRIC_LORA_WEIGHT_STD, METRIC_LOSS, METRIC_LOSS_SCALE, METRIC_LR, METRIC_STEP_S_WINDOW,
+    METRIC_TOKENS_PER_S_WINDOW, METRIC_UNDERFLOW_EVENTS, STATUS_STOPPED_EARLY, TAG_RESUMED_FROM_STEP,
 )
+from workloads.train.step_clock import StepClock
 
 ProgressFn = Callable[[int, dict[str, Any]], None]
 # The health verdict's line rides along with the progress update of the verdict step (not logged).
@@ -48,6 +49,7 @@ class TrainResult:
     underflow_events: int = 0
     verdict: str = ""  # the health verdict's line, when one was made (docs/health.md)
     telemetry_rows: list[dict[str, Any]] = field(default_factory=list)
+    step_windows: list[list[float]] = field(default_factory=list)  # StepClock's timed windows (steady-state speed)
 
     @property
     def tokens_per_s(self) -> float:
@@ -96,6 +98,7 @@ def run_training(model: Any, handle: Any, telemetry: Any, make_batches: Callable
     clip = settings.grad_clip if settings.grad_clip is not None else math.inf
     first_bad = torch.tensor(-1, device=_device(model))  # step of the first non-finite loss
     window_tokens, window_start, started, prior_wall = 0, time.perf_counter(), time.perf_counter(), result.wall_s
+    clock, every_step_syncs = StepClock(settings.steps, result.step_windows), _device(model).type == "cpu"
     for step, batch in enumerate(make_batches(start_step), start=start_step + 1):
         record = settings.telemetry_every is not None and step % settings.telemetry_every == 0
         telemetry.begin_step(step, record)
@@ -108,13 +111,17 @@ def run_training(model: Any, handle: Any, telemetry: Any, make_batches: Callable
         window_tokens += n_tokens
         result.tokens += n_tokens
         result.steps_done = step
-        if step % settings.log_every == 0 or step == settings.steps or record:
+        logged = step % settings.log_every == 0 or step == settings.steps or record
+        if not logged:  # CPU: the step's ops ran inline, so it is over; an accelerator may still be on it
+            clock.step_done(step, n_tokens, synced=every_step_syncs)
+        else:
             extras = {"loss": loss, "grad_norm": grad_norm, "first_bad": first_bad, "lora_std": lora_weight_std(params),
                       **(health.device_signals() if health else {})}
             report = telemetry.end_step(extras)  # SYNC: the one transfer of this step (None if not recording)
             values = report.metrics if report else _sync_scalars(extras)
             now = time.perf_counter()
             metrics = _step_metrics(values, optimizer, handle, window_tokens / max(now - window_start, 1e-9))
+            metrics[METRIC_STEP_S_WINDOW] = clock.step_done(step, n_tokens, synced=True)  # after this step's sync
             window_tokens, window_start = 0, now
             result.final_loss = metrics[METRIC_LOSS]
             if report:

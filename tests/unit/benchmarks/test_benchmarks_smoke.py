@@ -86,3 +86,11 @@ def test_growth_smoke(tmp_path):
     data = run_script("growth", tmp_path / "g.json", timeout=900)
     assert [p["trials"] for p in data["summary"]] == [1]
     assert all(p["store_bytes"] > 0 for p in data["summary"])
+
+
+def test_projection_validation_smoke(bench, tmp_path):
+    out = tmp_path / "p.json"
+    assert bench("projection_validation").main(["--smoke", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert len(data["results"]) == 5 and data["validated"] == all(r["ok"] for r in data["results"])
+    assert len(data["sensitivity"]) == 9

@@ -22,10 +22,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     return uri
 
 
-def _run(policy: str, seed: int, acc: float, tps: float, status: str = "FINISHED") -> SimpleNamespace:
+def _run(policy: str, seed: int, acc: float, tps: float, status: str = "FINISHED", emulated: bool = False) -> SimpleNamespace:
     return SimpleNamespace(info=SimpleNamespace(run_id=f"{policy}-{seed}"),
                            data=SimpleNamespace(tags={"fp8lab.policy": policy, "fp8lab.seed": str(seed),
-                                                      "fp8lab.status": status, "mlflow.runName": f"{policy}-s{seed}"},
+                                                      "fp8lab.status": status, "mlflow.runName": f"{policy}-s{seed}",
+                                                      "fp8lab.emulated": str(emulated).lower()},
                                                 metrics={"eval/accuracy": acc, "train/tokens_per_s": tps}))
 
 
@@ -38,6 +39,18 @@ def test_best_is_the_fastest_policy_within_the_margin_of_bf16() -> None:
     assert "1.50x bf16" in best.reason
     assert choose_best(runs, margin_pts=0.1).policy == "bf16"  # nothing else is that close
     assert choose_best(runs, margin_pts=30).policy == "fp8_naive"
+
+
+def test_best_on_emulated_fp8_does_not_rank_by_speed_and_states_its_rule() -> None:
+    """On CPU emulated FP8 is slower than bf16: ranking by speed would always export bf16."""
+    runs = [_run("bf16", 0, 0.90, 3000, emulated=True), _run("bf16", 1, 0.92, 3100, emulated=True),
+            _run("fp8_protected", 0, 0.905, 2000, emulated=True), _run("fp8_protected", 1, 0.91, 2100, emulated=True),
+            _run("fp8_naive", 0, 0.70, 1500, emulated=True)]
+    best = choose_best(runs)
+    assert best.policy == "fp8_protected"
+    assert "emulated" in best.reason and "not ranked" in best.reason and "bf16 if none" in best.reason
+    assert choose_best(runs, margin_pts=0.1).policy == "bf16"  # no FP8 policy is that close
+    assert "no FP8 policy" in choose_best(runs, margin_pts=0.1).reason
 
 
 def test_best_without_bf16_is_the_most_accurate_and_failed_runs_do_not_count() -> None:
