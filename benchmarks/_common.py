@@ -35,7 +35,7 @@ _LOAD_AT_START = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 # -- statistics --------------------------------------------------------------------------------
 # One implementation, shared with the product's paired speed probe (`fp8lab bench`).
-from workloads.train.speed_probe import interleave, ratio_samples, summarize  # noqa: E402,F401
+from workloads.bench import InProcessTrial, NullLogger, call_run_training, interleave, ratio_samples, summarize  # noqa: E402,F401
 
 
 def compare(samples: dict[str, dict[str, list[float]]], reference: str) -> dict[str, dict[str, Any]]:
@@ -134,104 +134,11 @@ def _fmt(value: Any) -> str:
 
 
 # -- in-process trials ---------------------------------------------------------------------------
-class NullLogger:
-    """A TrialLogger that drops everything (the training loop's logging cost minus MLflow I/O)."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def log_step(self, step: int, metrics: dict[str, float]) -> None:
-        self.steps += 1
-
-    def log_final(self, metrics: dict[str, float], step: int = 0) -> None:
-        pass
-
-    def set_tags(self, tags: dict[str, Any]) -> None:
-        pass
-
-    def log_params(self, params: dict[str, Any]) -> None:
-        pass
-
-    def log_text(self, text: str, artifact_path: str) -> None:
-        pass
-
-    def log_file(self, local_path: Path, artifact_dir: str) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
 def default_config(overrides: list[str] | None = None) -> dict[str, Any]:
     """The composed, resolved fp8lab config (plain dict) for ``overrides``."""
     from orchestrator.config_loader import compose_config, to_container
 
     return to_container(compose_config(list(overrides or []), None))
-
-
-@dataclass
-class InProcessTrial:
-    """One trial's model, policy and data, built exactly as ``workloads.trial`` builds them, whose
-    training loop (``workloads.train.loop.run_training``) can be run in chunks so that several
-    trials can be interleaved step-chunk by step-chunk in one process."""
-
-    name: str
-    model: Any
-    handle: Any
-    telemetry: Any
-    settings: Any
-    data: Any
-    batch_size: int
-    seed: int
-    device: Any
-    step: int = 0
-    tokens: int = 0
-    step_times: list[float] = field(default_factory=list)
-    logger_factory: Callable[[], Any] | None = None  # default: NullLogger
-    health: Any = None  # a workloads.health HealthMonitor computing its signals at logged steps
-    _batches: Iterator[dict[str, Any]] | None = None
-
-    def run_chunk(self, n_steps: int) -> dict[str, float]:
-        """Train ``n_steps`` more steps through ``workloads.train.loop.run_training`` (a fresh
-        call, so step numbers, and with them the telemetry/logging cadence, restart at 1 and a
-        chunk of ``telemetry.every`` steps holds exactly one recorded step).
-
-        Returns seconds per step on two clocks: ``wall`` (the loop's own ``TrainResult.wall_s``)
-        and ``cpu`` (this process's CPU time over the call: with torch on one thread this is the
-        work done, and it barely moves when other processes compete for the cores, which makes
-        it the steadier figure on a shared machine; on an idle machine the two agree)."""
-        batches = [next(self._batch_iter()) for _ in range(n_steps)]
-        cpu0 = time.process_time()
-        result = call_run_training(self.model, self.handle, self.telemetry, batches,
-                                   dataclasses.replace(self.settings, steps=n_steps),
-                                   self.logger_factory() if self.logger_factory else NullLogger(), self.health)
-        cpu = time.process_time() - cpu0
-        self.step += result.steps_done
-        self.tokens += result.tokens
-        done = max(result.steps_done, 1)
-        per_step = {"wall": result.wall_s / done, "cpu": cpu / done}
-        self.step_times.append(per_step["wall"])
-        return per_step
-
-    def _batch_iter(self) -> Iterator[dict[str, Any]]:
-        if self._batches is None:
-            from workloads.data import load as data_mod
-
-            self._batches = data_mod.batches(self.data, self.batch_size, 10**9, self.seed)
-        return self._batches
-
-
-def call_run_training(model: Any, handle: Any, telemetry: Any, batches: list[dict[str, Any]],
-                      settings: Any, logger: Any, health: Any = None) -> Any:
-    """``run_training`` with a fixed list of batches, whichever way it takes them (an iterable
-    of batches, or ``make_batches(start_step)`` since checkpoint/resume)."""
-    from workloads.train.loop import run_training
-
-    params = inspect.signature(run_training).parameters
-    extra = {"health": health} if health is not None else {}
-    if "make_batches" in params:
-        return run_training(model, handle, telemetry, lambda start: batches[start:], settings, logger, **extra)
-    return run_training(model, handle, telemetry, batches, settings, logger, **extra)
 
 
 def build_trial(

@@ -1,4 +1,4 @@
-"""`fp8lab bench`: the paired speed probe (workloads/train/speed_probe.py) on any config.
+"""`fp8lab bench`: the paired speed probe (workloads/bench.py) on any config.
 
 The sweep's policies (`sweep.axes.precision`, same grammar as `fp8lab sweep`: `precision=a,b`)
 are timed back to back in this process on the same model and batch shape, interleaved over
@@ -31,15 +31,23 @@ def probe_policies(config: dict[str, Any]) -> list[str]:
     return ["bf16"] + [p for p in names if p != "bf16"]
 
 
+def probe_configs(policies: list[str], overrides: list[str], config_dir: str | None = None) -> dict[str, dict[str, Any]]:
+    """Each policy's composed config: the base `overrides` (without sweep axes or a precision
+    choice) plus `precision=<policy>`, composed as a trial of that cell would be."""
+    from orchestrator.config_loader import compose_config, to_container
+
+    base = [o for o in overrides if not o.lstrip("+~").startswith(("sweep.", "precision="))]
+    return {p: to_container(compose_config([*base, f"precision={p}"], config_dir)) for p in policies}
+
+
 def run_bench(args: argparse.Namespace, config: dict[str, Any]) -> int:
     """`config`: composed from `args.overrides` after the sweep grammar rewrote them into axes."""
     if args.rounds < 2 or args.chunk < 1:
         raise UserInputError("--rounds/--chunk: at least 2 rounds of 1 step (fix: --rounds 6 --chunk 5)")
-    policies = probe_policies(config)
-    from workloads.train.speed_probe import ProbeSettings, run_probe  # the training stack: needed from here on
+    configs = probe_configs(probe_policies(config), args.overrides, args.config_dir)
+    from workloads.bench import ProbeSettings, run_probe  # the training stack: needed from here on
 
-    result = run_probe(policies, [o for o in args.overrides if not o.lstrip("+~").startswith("sweep.")],
-                       ProbeSettings(rounds=args.rounds, chunk=args.chunk))
+    result = run_probe(configs, ProbeSettings(rounds=args.rounds, chunk=args.chunk))
     print(format_probe(result))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")

@@ -1,4 +1,4 @@
-"""`sweep.speed_probe=true`: the paired speed probe (workloads/train/speed_probe.py), once per sweep, in a
+"""`sweep.speed_probe=true`: the paired speed probe (workloads/bench.py), once per sweep, in a
 Ray worker with one trial's resources, logged to the sweep's parent run for the report.
 
 Logged: `speed_probe/<policy>/ratio`, `.../low`, `.../high` (wall-clock step-time ratio to bf16,
@@ -15,19 +15,19 @@ PREFIX = "speed_probe/"
 
 
 @ray.remote(max_calls=1)
-def probe_task(policies: list[str], overrides: list[str]) -> dict[str, Any]:
-    from workloads.train.speed_probe import ProbeSettings, run_probe  # noqa: PLC0415 - the training stack, in the worker
+def probe_task(configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    from workloads.bench import ProbeSettings, run_probe  # noqa: PLC0415 - the training stack, in the worker
 
-    return run_probe(policies, overrides, ProbeSettings())
+    return run_probe(configs, ProbeSettings())
 
 
 def run_and_log(client: Any, parent_run_id: str, config: dict[str, Any], overrides: list[str]) -> str:
     """Run the probe on the cluster, log it to the parent run, return one line for the console."""
-    from orchestrator.bench_cmd import format_probe, probe_policies
+    from orchestrator.bench_cmd import format_probe, probe_configs, probe_policies
 
     cluster = config["cluster"]
     task = probe_task.options(num_cpus=cluster["cpus_per_trial"], num_gpus=cluster["gpus_per_trial"], name="speed_probe")
-    result = ray.get(task.remote(probe_policies(config), [o for o in overrides if not o.lstrip("+~").startswith("sweep.")]))
+    result = ray.get(task.remote(probe_configs(probe_policies(config), overrides)))
     client.log_dict(parent_run_id, result, "speed_probe.json")
     for key, value in probe_metrics(result).items():
         client.log_metric(parent_run_id, key, value)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # workloads/: which workloads package may import which (a package is its first name below
 # `workloads.`; a top module such as `trial` counts as a package of one file).
 STAGES = ("data", "model", "train", "eval", "record", "precision", "health", "export", "embedded")
-SPINE = ("recipe", "trial", "entry", "preflight")
+SPINE = ("recipe", "trial", "entry", "preflight", "bench")
 MAY_IMPORT: dict[str, set[str]] = {
     "registry": set(),
     "embedded": {"eval", "model"},  # the calibration script trains and scores the shipped model
@@ -30,6 +30,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "trial": {"recipe", "record", "eval", "export", "precision", "train"},
     "entry": {"trial"},
     "preflight": {"data", "model", "eval", "precision", "embedded", "health"},
+    "bench": {"recipe", "train", "data"},  # the paired speed probe: trials set up by the spine, run in chunks
 }
 # What the orchestrator may import from workloads, and whether only inside a function (lazily).
 ORCHESTRATOR_MAY = {
@@ -37,6 +38,7 @@ ORCHESTRATOR_MAY = {
     "workloads.health.rules": "anywhere",  # the rule engine is pure Python (schema checks the rules file)
     "workloads.preflight": "lazily",  # `fp8lab trial` checks its config in-process
     "workloads.entry": "lazily",  # inside the Ray task / `fp8lab trial`
+    "workloads.bench": "lazily",  # `fp8lab bench` and sweep.speed_probe, inside the command / the Ray task
     "workloads.export.run": "anywhere",  # FORMATS (torch-free at module level); the export itself lazily
 }
 MLFLOW_ONLY_IN = ("workloads/record/",)

@@ -25,14 +25,15 @@ def test_the_probe_is_logged_on_the_parent_run_and_read_back_by_the_report(tmp_p
     class Task:
         def options(self, **kw):
             seen["options"] = kw
-            return SimpleNamespace(remote=lambda policies, overrides: seen.update(policies=policies, overrides=overrides))
+            return SimpleNamespace(remote=lambda configs: seen.update(configs=configs))
 
     monkeypatch.setattr(speed_probe_run, "probe_task", Task())
     monkeypatch.setattr(speed_probe_run.ray, "get", lambda _ref: RESULT)
     config = {"cluster": {"cpus_per_trial": 1, "gpus_per_trial": 0}, "precision": {"policy": "bf16"},
               "sweep": {"axes": {"precision": ["fp8_protected", "bf16"]}}}
     text = speed_probe_run.run_and_log(client, parent, config, ["lora.r=16", "sweep.speed_probe=true"])
-    assert seen["policies"] == ["bf16", "fp8_protected"] and seen["overrides"] == ["lora.r=16"]
+    assert list(seen["configs"]) == ["bf16", "fp8_protected"]  # the reference first, each policy's own config
+    assert all(c["lora"]["r"] == 16 and c["precision"]["policy"] == p for p, c in seen["configs"].items())
     assert "fp8_protected" in text and "1.25x" in text
     ratio, low, high = probe_ratios(fetch_parent(uri, parent)["metrics"])["fp8_protected"]
     assert ratio == pytest.approx(0.8) and low == pytest.approx(1 / 1.35) and high == pytest.approx(1 / 1.15)

@@ -1,4 +1,4 @@
-"""workloads.train.speed_probe: interleaved, paired step-time ratios with a CI of the median (fake trials, no training)."""
+"""workloads.bench: interleaved, paired step-time ratios with a CI of the median (fake trials, no training)."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 
 from orchestrator.bench_cmd import format_probe, probe_policies
-from workloads.train.speed_probe import ProbeSettings, median_ci, run_probe
+from workloads.bench import ProbeSettings, median_ci, run_probe
 
 
 class FakeTrial:
@@ -31,7 +31,7 @@ def test_median_ci_is_the_binomial_order_statistics():
 def test_probe_ratios_are_paired_within_rounds_and_bf16_is_the_reference():
     costs = {"bf16": 1.0, "fp8_protected": 1.3}
     FakeTrial.load[0] = 1.0
-    out = run_probe(list(costs), [], ProbeSettings(rounds=8, chunk=2), build=lambda p, _o: FakeTrial(costs[p]))
+    out = run_probe({p: {} for p in costs}, ProbeSettings(rounds=8, chunk=2), build=lambda p, _c: FakeTrial(costs[p]))
     prot = out["policies"]["fp8_protected"]["cpu"]["ratio"]
     assert prot["median"] == pytest.approx(1.3) and prot["low"] <= 1.3 <= prot["high"]
     wall = out["policies"]["fp8_protected"]["wall"]["ratio"]["median"]
@@ -42,6 +42,6 @@ def test_probe_ratios_are_paired_within_rounds_and_bf16_is_the_reference():
 
 def test_probe_needs_the_reference_and_bf16_comes_first():
     with pytest.raises(ValueError, match="bf16"):
-        run_probe(["fp8_naive"], [], ProbeSettings(), build=lambda p, _o: FakeTrial(1.0))
+        run_probe({"fp8_naive": {}}, ProbeSettings(), build=lambda p, _c: FakeTrial(1.0))
     config = {"sweep": {"axes": {"precision": ["fp8_naive", "bf16", "fp8_protected"]}}, "precision": {"policy": "bf16"}}
     assert probe_policies(config) == ["bf16", "fp8_naive", "fp8_protected"]
