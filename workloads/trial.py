@@ -23,7 +23,7 @@ from fp8lab_conf.contracts import (
     TAG_DIVERGED_STEP, TAG_EMULATED, TAG_EVAL_AGGREGATE, TAG_EVAL_PRIMARY, TAG_HOST, TAG_POLICY_VERSION, TAG_RAY_NODE_ID,
     TAG_RAY_RESOURCES, TAG_REASON, STATUS_STOPPED_EARLY, TAG_STATUS, TAG_STOPPED_EARLY, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, TrialLaunch,
     METRIC_FINAL_LOSS, METRIC_STEPS_DONE, METRIC_TOKENS_PER_S, METRIC_TRAIN_WALL_S, METRIC_TRIAL_WALL_S, METRIC_UNDERFLOW_EVENTS,
-    RESULT_JSON,
+    RESULT_JSON, LOSS_ROWS_ARTIFACT, METRIC_EVAL_LOSS, METRIC_EVAL_LOSS_TOKENS,
 )
 from workloads import data as data_mod
 from workloads.eval_metrics import (PRIMARY_MEAN, configured_tasks, eval_data_dirs, primary_figure, safe_name,
@@ -42,6 +42,7 @@ from workloads.health.monitor import HealthMonitor, verdict_step
 from workloads.health.reference import mlflow_reference
 from workloads.health.rules import HealthRules
 from workloads.health.signals import AdapterProbe, base_weight_norms
+from workloads.heldout import curve_hook, heldout_loss, load_heldout
 from workloads.inputs import run_inputs
 from workloads.tracking import MlflowTrialLogger, SystemMetrics, write_parquet
 from workloads.train_loop import LoopSettings, ProgressFn, TrainResult, run_training
@@ -82,6 +83,7 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, logger: MlflowTrialLogger,
     memory = PeakMemory(device)
     model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
     train_data = _training_data(config, tokenizer, paths.data_dir, logger)
+    heldout = load_heldout(config, tokenizer, paths.data_dir)
     model = attach_lora(model, config["lora"], config["seed"])
     base_norms = base_weight_norms(model)  # before the backend converts base layers: their BF16 norms
     policy = get_policy(config["precision"]["policy"]).with_switches(**(config["precision"]["switches"] or {}))
@@ -104,8 +106,9 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, logger: MlflowTrialLogger,
     faults = FaultInjector(config.get("fault"))
     checkpointer = _checkpointer(config, ctx, logger)
     health = _health_monitor(config, ctx, settings, probe, handle, logger)
+    curve = curve_hook(model, heldout, int(config["eval"]["loss_every"]), int(config["eval"]["batch_size"]), device, handle)
     train = run_training(model, handle, telemetry, make_batches, settings, logger, progress,
-                         before_step=faults.before_step, checkpointer=checkpointer, health=health)
+                         before_step=faults.before_step, checkpointer=checkpointer, health=health, heldout=curve)
     if checkpointer:
         checkpointer.remove()  # training is over: the checkpoint has served its purpose
     metrics = {**base_metrics, **_train_metrics(train, memory, handle)}
@@ -116,6 +119,7 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, logger: MlflowTrialLogger,
         result.update(status=STATUS_STOPPED_EARLY, reason=f"stopped early at step {train.steps_done}: {train.verdict}",
                       stopped_step=train.steps_done)
     else:
+        metrics.update(_heldout_metrics(model, heldout, handle, config, device, logger))
         metrics.update(_evaluate(model, tokenizer, config, device, logger=logger))
     metrics["train/tokens_per_epoch"] = float(train_data.attention_mask.sum())
     if train.verdict:
@@ -272,6 +276,18 @@ def _evaluate(model: Any, tokenizer: Any, config: dict[str, Any], device: torch.
         metrics.update(task_metrics(name, one["raw"], prefix if prefix == "eval/" else prefix.rstrip("_") + "/"))
     metrics[f"{prefix}wall_s"] = time.perf_counter() - started
     return metrics
+
+
+def _heldout_metrics(model: Any, data: data_mod.TokenizedData | None, handle: Any, config: dict[str, Any],
+                     device: torch.device, logger: MlflowTrialLogger) -> dict[str, float]:
+    """`eval/loss` of the trained model (its per-row values as an artifact, for pairing), before
+    lm-eval and with the scaling state put back, so the accuracy is what it would be without it."""
+    if data is None:
+        return {}
+    with handle.preserved_scaling_state():
+        out = heldout_loss(model, data, int(config["eval"]["batch_size"]), device)
+    logger.log_text("".join(json.dumps(row) + "\n" for row in out.rows), LOSS_ROWS_ARTIFACT)
+    return {METRIC_EVAL_LOSS: out.mean, METRIC_EVAL_LOSS_TOKENS: float(sum(r["tokens"] for r in out.rows))}
 
 
 def _log_eval_artifacts(logger: MlflowTrialLogger, out: dict[str, Any], aggregate: str) -> None:
