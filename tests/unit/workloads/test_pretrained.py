@@ -84,3 +84,11 @@ def test_a_killed_build_leaves_no_half_folder(fake_gguf: Path, tmp_path: Path, m
     monkeypatch.setattr(pretrained, "write_folder", _fake_write)
     assert pretrained.ensure_folder("smollm2-135m") == target  # the next caller builds it
     assert not list(target.parent.glob(".*building-*"))  # and clears the killed build's leftovers
+
+
+def test_preflight_names_the_install_command_before_anything_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workloads import preflight
+
+    monkeypatch.setattr(preflight, "missing_requirements", lambda name: [f"model.name_or_path={name}: needs x (fix: y)"])
+    assert preflight.check_model({"name_or_path": "smollm2-135m"}) == ["model.name_or_path=smollm2-135m: needs x (fix: y)"]
+    assert preflight.check_model({"name_or_path": "embedded"}) == []
