@@ -23,7 +23,7 @@ REAL = ["model=smollm2-135m", "train.steps=3", "train.log_every=1", "train.warmu
 @pytest.fixture(scope="session")
 def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """FP8LAB_MODEL_CACHE with the SmolLM2 folder built in it (once for the whole run)."""
-    from workloads import pretrained
+    from workloads.model import pretrained
 
     missing = pretrained.missing_requirements("smollm2-135m")
     if missing:

@@ -1,0 +1,187 @@
+"""Exports on the embedded model, in-process: a trained adapter round-trips through PEFT's own
+loader, and the fp8-block128 folder has the documented layout, decodes to the merged BF16 weights
+within FP8 rounding, and loads in transformers."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from workloads.eval.harness import embedded_paths
+from workloads.export.adapter import load_with_adapter, merged_model, save_adapter
+from workloads.export.fp8_block import (BLOCK, NothingToQuantize, dequantize_checkpoint, expected_scale_shape,
+                                        quantizable_linears, write_fp8_checkpoint)
+from workloads.export.run import ExportError, check_exportable
+from workloads.model.loading import attach_lora, load_base_model
+from workloads.precision.backends import apply_backend, select_backend
+from workloads.precision.policy import get_policy
+from workloads.precision.telemetry import Fp8Telemetry
+
+E4M3_HALF_ULP = 2.0**-4  # relative rounding error of E4M3 (3 mantissa bits), normal range
+E4M3_MIN_SUBNORMAL = 2.0**-9
+
+
+def _trained_like(policy: str) -> tuple[nn.Module, object]:
+    """The embedded model with non-zero LoRA weights under `policy`, as a trial holds it after training."""
+    cpu = torch.device("cpu")
+    model, tokenizer = load_base_model({"name_or_path": "embedded", "dtype": "bfloat16"}, embedded_paths().model_dir, cpu)
+    model = attach_lora(model, {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
+    apply_backend(model, get_policy(policy), Fp8Telemetry(underflow_threshold_pct=10.0), select_backend("emulated", cpu))
+    return model.eval(), tokenizer
+
+
+def _logits(model: nn.Module, tokenizer: object) -> torch.Tensor:
+    batch = tokenizer(["Question: which is larger, 3 or 7? Answer:", "The quick brown fox"], return_tensors="pt",
+                      padding=True)
+    with torch.no_grad():
+        return model(**batch).logits.float()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    root = tmp_path_factory.mktemp("export")
+    model, tokenizer = _trained_like("bf16")
+    adapter = save_adapter(model, root / "adapter")
+    merged, tok = merged_model(str(embedded_paths().model_dir), adapter)
+    fp8 = write_fp8_checkpoint(merged, tok, root / "fp8")
+    return SimpleNamespace(model=model, tokenizer=tokenizer, adapter=adapter, merged=merged, fp8=fp8)
+
+
+def test_adapter_reloads_with_peft_and_reproduces_the_logits(exported: SimpleNamespace) -> None:
+    assert {p.name for p in exported.adapter.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
+    reloaded, _ = load_with_adapter(str(embedded_paths().model_dir), exported.adapter, torch.bfloat16)
+    ref, got = _logits(exported.model, exported.tokenizer), _logits(reloaded, exported.tokenizer)
+    base, _ = load_base_model({"name_or_path": "embedded", "dtype": "bfloat16"}, embedded_paths().model_dir, torch.device("cpu"))
+    untrained = _logits(base, exported.tokenizer)
+    # BF16 noise only (the trial runs its LoRA GEMMs in BF16, PEFT in FP32): ~4% of the largest logit
+    # here, against a change of more than half of it that the adapter makes
+    assert (got - ref).abs().max() < 0.06 * ref.abs().max()
+    assert (untrained - ref).abs().max() > 10 * (got - ref).abs().max()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+    saved = dict(reloaded.named_parameters())
+    for name, param in exported.model.named_parameters():
+        if "lora_" in name:  # the file holds the trial's LoRA weights bit for bit
+            assert torch.equal(saved[name].float(), param.detach().float()), name
+
+
+def test_adapter_of_an_fp8_policy_saves_fp32_lora_weights(tmp_path: Path) -> None:
+    model, _ = _trained_like("fp8_protected")
+    adapter = save_adapter(model, tmp_path / "adapter")
+    with safe_open(str(adapter / "adapter_model.safetensors"), "pt") as handle:
+        keys = list(handle.keys())
+        assert keys and all("lora_" in k for k in keys)
+        assert {handle.get_tensor(k).dtype for k in keys} == {torch.float32}
+
+
+def test_fp8_checkpoint_layout(exported: SimpleNamespace) -> None:
+    folder = exported.fp8.out_dir
+    config = json.loads((folder / "config.json").read_text())
+    assert config["quantization_config"] == {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                             "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]}
+    convert, keep = quantizable_linears(exported.merged)
+    assert keep == ["lm_head"] and len(convert) == 4 * 7  # q k v o gate up down per layer
+    tensors = {}
+    for file in folder.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as handle:
+            tensors.update({k: handle.get_tensor(k) for k in handle.keys()})
+    for name in convert:
+        weight, scale = tensors[f"{name}.weight"], tensors[f"{name}.weight_scale_inv"]
+        assert weight.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
+        assert tuple(scale.shape) == expected_scale_shape(weight.shape)
+    fp8_keys = {k for k, v in tensors.items() if v.dtype == torch.float8_e4m3fn}
+    assert fp8_keys == {f"{n}.weight" for n in convert}
+    others = {k: v for k, v in tensors.items() if k not in fp8_keys and not k.endswith("_scale_inv")}
+    assert "lm_head.weight" in others and "model.embed_tokens.weight" in others
+    assert {v.dtype for v in others.values()} == {torch.bfloat16}
+
+
+def test_fp8_weights_decode_to_the_merged_weights_within_fp8_rounding(exported: SimpleNamespace) -> None:
+    decoded = dequantize_checkpoint(exported.fp8.out_dir)
+    merged = {k: v.float() for k, v in exported.merged.state_dict().items()}
+    assert set(decoded) == set(merged)
+    for name in exported.fp8.quantized:
+        w, d = merged[f"{name}.weight"], decoded[f"{name}.weight"]
+        amax = w.abs().amax()
+        # per element: half an E4M3 ulp of |w|, or the smallest subnormal step of its block's scale
+        scale_bound = amax / 448.0 * 2 * E4M3_MIN_SUBNORMAL  # power-of-2 scales lose at most one binade
+        err = (d - w).abs()
+        assert torch.all(err <= w.abs() * E4M3_HALF_ULP + scale_bound), name
+        assert err.max() > 0  # really quantized
+    for name in ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"):
+        assert torch.equal(decoded[name], merged[name])
+
+
+def test_transformers_loads_the_fp8_checkpoint(exported: SimpleNamespace) -> None:
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(exported.fp8.out_dir))  # on CPU: dequantized to BF16
+    ref, got = _logits(exported.merged, exported.tokenizer), _logits(loaded, exported.tokenizer)
+    assert (got - ref).abs().max() < 0.2 * ref.abs().max()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.8
+
+
+def test_a_model_without_linears_to_quantize_is_refused(tmp_path: Path) -> None:
+    class HeadOnly(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(8, 4)
+            self.lm_head = nn.Linear(4, 8)
+
+        def get_output_embeddings(self) -> nn.Module:
+            return self.lm_head
+
+    with pytest.raises(NothingToQuantize, match="no linear layers to quantize"):
+        write_fp8_checkpoint(HeadOnly(), None, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_linears_with_ragged_dims_stay_bf16_and_are_listed(tmp_path: Path) -> None:
+    class Small(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.odd, self.lm_head = nn.Linear(128, 256), nn.Linear(256, 200), nn.Linear(200, 8)
+
+        def get_output_embeddings(self) -> nn.Module:
+            return self.lm_head
+
+    assert quantizable_linears(Small()) == (["up"], ["odd", "lm_head"])
+
+
+def test_scale_grid_covers_ragged_shapes() -> None:
+    assert expected_scale_shape(torch.Size([200, 128])) == (2, 1)
+    assert expected_scale_shape(torch.Size([BLOCK * 3, 1])) == (3, 1)
+    assert math.prod(expected_scale_shape(torch.Size([1, 1]))) == 1
+
+
+def _run(status: str, role: str = "trial") -> SimpleNamespace:
+    return SimpleNamespace(info=SimpleNamespace(run_id="abc", status="FINISHED" if status != "FAILED" else "FAILED"),
+                           data=SimpleNamespace(tags={"fp8lab.role": role, "fp8lab.status": status, "mlflow.runName": "x-s0"}))
+
+
+@pytest.mark.parametrize("status", ["DIVERGED", "FAILED", "RUNNING"])
+def test_only_finished_trials_are_exportable(status: str, tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match=f"is {status}, not FINISHED"):
+        check_exportable(_run(status), "merged", tmp_path / "new")
+    check_exportable(_run("FINISHED"), "merged", tmp_path / "new")
+
+
+def test_export_refuses_a_sweep_run_a_bad_format_and_a_used_folder(tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match="not an fp8lab trial run"):
+        check_exportable(_run("FINISHED", role="sweep"), "merged", tmp_path / "new")
+    with pytest.raises(ExportError, match="unknown format"):
+        check_exportable(_run("FINISHED"), "gguf", tmp_path / "new")
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("x")
+    with pytest.raises(ExportError, match="not empty"):
+        check_exportable(_run("FINISHED"), "merged", tmp_path / "used")
