@@ -71,3 +71,38 @@ def test_summary_columns_holm_and_the_overall_verdict_need_both_tests() -> None:
 def test_runs_without_loss_rows_get_no_comparison() -> None:
     ev = _evidence([np.ones(10)], [np.ones(10)])
     assert loss_comparison([("p0", 0)], [("missing", 0)], ev, OPTS, "x") is None
+
+
+def test_summary_table_and_verdict_show_the_loss_and_need_both_passes() -> None:
+    """build_summary with per-item accuracy and per-row losses: fp8_naive is equivalent on both,
+    fp8_protected equivalent on accuracy but 2% worse on loss -> an accuracy-only pass."""
+    from analysis.compare import Evidence
+    from analysis.document import quality_table
+    from analysis.summary import build_summary, verdict_lines
+    from analysis.tidy import dedupe_trials, tidy_runs
+    from tests.unit.analysis.test_report_evidence import _bf16, _close_to_bf16, _raw, _samples, _trial
+
+    trials, losses = [], []
+    rng = np.random.default_rng(5)
+    base_loss = {s: rng.uniform(0.5, 3.0, 200) for s in range(3)}
+    for s in range(3):
+        for policy, items, factor in (("bf16", _bf16(s), 1.0), ("fp8_naive", _bf16(s), 1.0001),
+                                      ("fp8_protected", _close_to_bf16(s), 1.02)):
+            losses.append(_rows(f"r{len(trials)}", base_loss[s] * factor))
+            trials.append(_trial(policy, s, items))
+    tidy = dedupe_trials(tidy_runs(_raw(trials)))[0]
+    summary = build_summary(tidy, OPTS, evidence=Evidence.of(_samples(trials)),
+                            loss_evidence=LossEvidence.of(pd.concat(losses)))
+    s = summary.set_index("policy")
+    assert s.loc["fp8_naive", "loss_rel_pct"] == pytest.approx(0.01)
+    assert s.loc["fp8_protected", "loss_rel_pct"] == pytest.approx(2.0)
+    assert bool(s.loc["fp8_protected", "loss_significant"]) and not bool(s.loc["fp8_protected", "loss_equivalent"])
+    table = quality_table(summary, OPTS).set_index("configuration")
+    assert table.loc["fp8_protected", "loss vs bf16, % [95% CI]"].startswith("+2.00")
+    assert table.loc["bf16", "overall"] == "—"
+    lines = {line.split(":")[0]: line for line in verdict_lines(summary, OPTS)}
+    assert "held-out loss 2.00% higher than bf16" in lines["fp8_protected"]
+    assert bool(s.loc["fp8_protected", "equivalent"])  # accuracy passes: the verdict says only that half does
+    assert "accuracy-only pass" in lines["fp8_protected"] and table.loc["fp8_protected", "overall"] == "accuracy only"
+    assert "overall: as good as bf16" in lines["fp8_naive"] and table.loc["fp8_naive", "overall"] == "as good"
+    assert "held-out loss" in lines["bf16"] and "nats/token" in lines["bf16"]
