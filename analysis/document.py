@@ -16,6 +16,7 @@ from analysis import fmt
 from analysis.early_warning import early_warning_blocks
 from analysis.figures import FigureArtifact
 from analysis.load import SweepRef
+from analysis.loss_compare import loss_cells
 from analysis.options import ReportOptions
 from analysis.recommend import recommendation
 from analysis.render import Bullets, Document, Heading, Image, Para, Table
@@ -79,6 +80,7 @@ def _task_cells(r: pd.Series, tasks: Sequence[str], base: str, options: ReportOp
 def quality_table(summary: pd.DataFrame, options: ReportOptions) -> pd.DataFrame:
     base = options.baseline_policy
     tasks = sorted({c[: -len(".mean")] for c in summary.columns if c.startswith("task.") and c.endswith(".mean")})
+    has_loss = "loss_mean" in summary and bool(np.isfinite(summary["loss_mean"].to_numpy(float)).any())
     rows = []
     for _, r in summary.iterrows():
         is_base = r["policy"] == base
@@ -96,6 +98,7 @@ def quality_table(summary: pd.DataFrame, options: ReportOptions) -> pd.DataFrame
             f"TOST ±{options.equivalence_margin_pts:g} p (Holm)": "—" if is_base else fmt.pvalue(r.get("tost_p_holm")),
             "verdict": _verdict_word(r, options.low_evidence_seeds),
             **_task_cells(r, tasks, base, options),
+            **(loss_cells(r, options) if has_loss else {}),
             "final loss": fmt.num(r["final_loss_mean"], 3),
             "underflow events": fmt.num(r["underflow_events_mean"], 1),
             "finished / diverged / failed / incomplete": " / ".join(

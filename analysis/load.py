@@ -30,7 +30,7 @@ import pandas as pd
 from analysis.errors import ReportError, did_you_mean
 from fp8lab_conf import contracts
 from fp8lab_conf.contracts import (
-    ROLE_SWEEP, ROLE_TRIAL, SAMPLES_DIR, TAG_POLICY, TAG_ROLE, TAG_SWEEP_ID, TAG_TRIAL_ID, TELEMETRY_PATH,
+    LOSS_ROWS_ARTIFACT, ROLE_SWEEP, ROLE_TRIAL, SAMPLES_DIR, TAG_POLICY, TAG_ROLE, TAG_SWEEP_ID, TAG_TRIAL_ID, TELEMETRY_PATH,
 )
 
 log = logging.getLogger(__name__)
@@ -391,6 +391,30 @@ def quiet_downloads() -> Iterator[None]:
         os.environ.pop(key, None)
 
 
+def _each_run_file(
+    tracking_uri: str, runs: Sequence[tuple[str, str]], workers: int, path: str, read: Callable[[Path], pd.DataFrame]
+) -> list[pd.DataFrame]:
+    """`read(file)` of artifact `path` of each (run_id, artifact_uri), tagged with run_id; runs
+    without the file, or whose file `read` cannot parse (logged), contribute nothing."""
+
+    def one(item: tuple[str, str]) -> pd.DataFrame:
+        run_id, artifact_uri = item
+        if not artifact_uri:
+            return pd.DataFrame()
+        with tempfile.TemporaryDirectory(prefix="fp8lab-artifact-") as tmp:
+            file = _download(tracking_uri, artifact_uri, path, tmp)
+            if file is None:
+                return pd.DataFrame()
+            try:
+                frame = read(file)
+            except Exception as exc:
+                log.warning("unreadable %s of run %s: %s", path, run_id, exc)
+                return pd.DataFrame()
+        return frame.assign(run_id=run_id)
+
+    return [p for p in _pmap(one, runs, workers) if not p.empty]
+
+
 def fetch_telemetry(
     tracking_uri: str,
     runs: Sequence[tuple[str, str]],
@@ -399,25 +423,13 @@ def fetch_telemetry(
 ) -> pd.DataFrame:
     """Per-layer telemetry of each (run_id, artifact_uri); runs without the Parquet are skipped."""
 
-    def one(item: tuple[str, str]) -> pd.DataFrame:
-        run_id, artifact_uri = item
-        if not artifact_uri:
-            return pd.DataFrame()
-        with tempfile.TemporaryDirectory(prefix="fp8lab-tel-") as tmp:
-            path = _download(tracking_uri, artifact_uri, TELEMETRY_PATH, tmp)
-            if path is None:
-                return pd.DataFrame()
-            try:
-                import pyarrow.parquet as pq
+    def read(path: Path) -> pd.DataFrame:
+        import pyarrow.parquet as pq
 
-                available = set(pq.read_schema(path).names)
-                frame = pd.read_parquet(path, columns=[c for c in columns if c in available])
-            except Exception as exc:
-                log.warning("unreadable telemetry of run %s: %s", run_id, exc)
-                return pd.DataFrame()
-        return frame.assign(run_id=run_id)
+        available = set(pq.read_schema(path).names)
+        return pd.read_parquet(path, columns=[c for c in columns if c in available])
 
-    parts = [p for p in _pmap(one, runs, workers) if not p.empty]
+    parts = _each_run_file(tracking_uri, runs, workers, TELEMETRY_PATH, read)
     if not parts:
         return pd.DataFrame(columns=["run_id", *columns])
     return pd.concat(parts, ignore_index=True)
@@ -476,6 +488,23 @@ def fetch_samples(tracking_uri: str, runs: Sequence[tuple[str, str]], workers: i
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype=float if c == "value" else object) for c in SAMPLE_COLUMNS})
     return pd.concat(parts, ignore_index=True)[list(SAMPLE_COLUMNS)]
+
+
+LOSS_ROW_COLUMNS = ("run_id", "row", "loss", "tokens")
+
+
+def fetch_loss_rows(tracking_uri: str, runs: Sequence[tuple[str, str]], workers: int = 8) -> pd.DataFrame:
+    """Per-row held-out losses (`eval/loss_rows.jsonl`) of each (run_id, artifact_uri): run_id,
+    row, loss, tokens. Runs without the file (older runs, failed trials) contribute nothing."""
+
+    def read(path: Path) -> pd.DataFrame:
+        frame = pd.read_json(path, lines=True)
+        return frame if {"row", "loss", "tokens"} <= set(frame.columns) else pd.DataFrame()
+
+    parts = [p for p in _each_run_file(tracking_uri, runs, workers, LOSS_ROWS_ARTIFACT, read) if "row" in p]
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype=object if c == "run_id" else float) for c in LOSS_ROW_COLUMNS})
+    return pd.concat(parts, ignore_index=True)[list(LOSS_ROW_COLUMNS)]
 
 
 def fetch_env_json(tracking_uri: str, artifact_uris: Sequence[str]) -> dict[str, Any] | None:

@@ -42,6 +42,10 @@ class ReportOptions:
     equivalence_margin_pts: float = 2.0
     """"As good as the baseline" is claimed only when a TOST equivalence test against this margin
     (accuracy points, either direction) succeeds; otherwise "not distinguishable with this evidence"."""
+    loss_margin_pct: float = 0.5
+    """"As good as the baseline" on held-out loss needs a TOST inside this relative loss error
+    (percent of the baseline's loss, either direction); block-scaled FP8 training is reported
+    within 0.25% of BF16 (DeepSeek-V3), so 0.5% leaves room for emulation and short runs."""
     low_evidence_seeds: int = 3
     """Below this many seeds: per-seed values instead of t-intervals, a low-evidence note, and an
     equivalence is printed as "provisionally as good as" (the seed noise rests on < 2 df)."""
@@ -81,6 +85,8 @@ class ReportOptions:
             errors.append(f"confidence must be in (0, 1) (got {self.confidence})")
         if not (math.isfinite(self.equivalence_margin_pts) and self.equivalence_margin_pts > 0):
             errors.append(f"equivalence_margin_pts must be > 0 points (got {self.equivalence_margin_pts})")
+        if not (math.isfinite(self.loss_margin_pct) and self.loss_margin_pct > 0):
+            errors.append(f"loss_margin_pct must be > 0 percent (got {self.loss_margin_pct})")
         if int(self.low_evidence_seeds) != self.low_evidence_seeds or self.low_evidence_seeds < 2:
             errors.append(f"low_evidence_seeds must be an integer >= 2 (got {self.low_evidence_seeds})")
         if self.quality_loss_rule_pts < 0:

@@ -18,6 +18,7 @@ import pandas as pd
 from analysis import load
 from analysis.compare import Evidence
 from analysis.document import ReportInputs, build_document
+from analysis.loss_compare import LossEvidence
 from analysis.environment import environment_items
 from analysis.errors import ReportError
 from analysis.figures import all_figures
@@ -157,9 +158,13 @@ def generate_report(
         samples = load.fetch_samples(
             tracking_uri, [(r, str(uris.get(r) or "")) for r in counted["run_id"]], options.max_workers
         )
+        loss_rows = load.fetch_loss_rows(
+            tracking_uri, [(r, str(uris.get(r) or "")) for r in counted["run_id"]], options.max_workers
+        )
     evidence = Evidence.of(samples)
+    loss_evidence = LossEvidence.of(loss_rows)
     t = lap("eval_samples", t)
-    summary = apply_probe(build_summary(trials, options, superseded, evidence),
+    summary = apply_probe(build_summary(trials, options, superseded, evidence, loss_evidence),
                           probe_ratios(parent.get("metrics") if parent else None))
     ablations = ablation_table(trials, options, evidence)
     t = lap("statistics", t)

@@ -24,6 +24,7 @@ import pandas as pd
 from analysis import fmt
 from analysis.compare import Evidence, compare, holm_columns
 from analysis.cost import training_cost
+from analysis.loss_compare import LossEvidence, loss_cols, loss_holm, loss_phrase, overall_phrase
 from analysis.options import ReportOptions
 from analysis.paired import PAIRED, Comparison, needed
 from analysis.stats import mean_ci, pareto_front, ratio_ci
@@ -275,6 +276,7 @@ def build_summary(
     options: ReportOptions,
     superseded: pd.DataFrame | None = None,
     evidence: Evidence | None = None,
+    loss_evidence: LossEvidence | None = None,
 ) -> pd.DataFrame:
     """The summary table (numbers only; `document` formats it). One row per group.
 
@@ -298,6 +300,7 @@ def build_summary(
         row["baseline"] = "(baseline)" if is_base else (base.label if base is not None else "")
         cmp = compare(sub, base_sub, ev, options, f"{g.label}|{base.label}") if base_sub is not None else None
         row.update(_comparison_cols(cmp, note, options))
+        row.update(loss_cols(sub, base_sub, loss_evidence or LossEvidence(), options, f"{g.label}|{base.label if base else ''}"))
         row.update(_ratio_cols(sub, base_sub, note, options))
         row.update(_speed_cols(sub, options))
         row.update(_telemetry_cols(sub))
@@ -309,6 +312,7 @@ def build_summary(
     if summary.empty:
         return summary
     summary = holm_columns(summary, options.alpha, summary["margin_ok"])
+    summary = loss_holm(summary, options)
     summary["pareto"] = pareto_front(summary["acc_mean"].to_numpy(float), summary["tps_mean"].to_numpy(float))
     return summary
 
@@ -397,8 +401,11 @@ def verdict_lines(
         if r["policy"] == options.baseline_policy:
             context = f" ({OTHER_CONTEXT_NOTE})" if r.get("tps_other_context") else ""
             parts = [f"baseline: accuracy (%) {acc_text(r, options)}", f"{fmt.si(r['tps_mean'])} tokens/s{context}{speed_note}"]
+            if fmt.ok(r.get("loss_mean")):
+                parts.insert(1, f"held-out loss {float(r['loss_mean']):.4f} nats/token")
         else:
             parts = [_quality_phrase(r, options)]
+            parts += [p for p in (loss_phrase(r, options), overall_phrase(r, options)) if p]
             if loses_accuracy(r, options):  # the mechanism phrase then carries the collapse finding
                 parts.append(mechanism_phrase(r, options, mechanisms))
                 r["lora_std_min"] = math.nan

@@ -120,6 +120,10 @@ METRIC_TRIAL_WALL_S = "trial/wall_s"
 METRIC_TRAIN_WALL_S = "train/wall_s"
 METRIC_EVAL_WALL_S = "eval/wall_s"
 METRIC_STEPS_DONE = "train/steps_done"
+# held-out loss (workloads/heldout.py): mean nats/token on eval.loss_split's fixed rows, at the end
+# and every eval.loss_every steps; its per-row values in LOSS_ROWS_ARTIFACT
+METRIC_EVAL_LOSS = "eval/loss"
+METRIC_EVAL_LOSS_TOKENS = "eval/loss_tokens"
 # health signals (docs/health.md), logged at every logged step (loss_vs_ref at the verdict step)
 METRIC_HEALTH_MOVEMENT_MIN = "health/adapter_movement_min"  # min over adapters of ||dW||/||W_base||
 METRIC_HEALTH_MOVEMENT_MEDIAN = "health/adapter_movement_median"
@@ -136,6 +140,7 @@ GEMM_MODES = ("emulated", "scaled_mm")
 # --- artifacts --------------------------------------------------------------------------------
 TELEMETRY_PATH = "telemetry/telemetry.parquet"
 SAMPLES_DIR = "eval/samples"
+LOSS_ROWS_ARTIFACT = "eval/loss_rows.jsonl"  # one {"row", "loss", "tokens"} per held-out row
 RESULT_JSON = "result.json"
 
 # Columns of the telemetry Parquet, in order. `value` holds the scalar of non-cast rows.

@@ -119,6 +119,9 @@ SCHEMA: dict[str, Any] = {
         "fewshot_as_multiturn": _BOOL,
         "system_instruction": _str("You are a careful assistant.", nullable=True),
         "before_training": _BOOL,
+        "loss_split": _str("validation", nullable=True),
+        "loss_rows": _int("an integer >= 1 or null", "200", lo=1, nullable=True),
+        "loss_every": _int("an integer >= 0", "100", lo=0),
     },
     "health": {
         "at": _pos_float("0.1"),
@@ -165,6 +168,7 @@ SCHEMA: dict[str, Any] = {
         "utilization": _pos_float("0.8", upper=1.0),
         "n_gpu": _int("an integer >= 1", "1", lo=1),
         "equivalence_margin_pts": _pos_float("2.0"),
+        "loss_margin_pct": _pos_float("0.5"),
         "out": _str("report/", nullable=True),
     },
 }

@@ -15,6 +15,7 @@ from typing import Any
 
 from fp8lab_conf.filesystem import folder_is_writable
 from workloads.eval.checks import check_eval_tasks
+from workloads.model.pretrained import ensure_folder, is_packaged, missing_requirements
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.pt")
 
@@ -39,6 +40,8 @@ def check_model(model_cfg: dict[str, Any]) -> list[str]:
     name = model_cfg["name_or_path"]
     if name == "embedded":
         return []
+    if is_packaged(name):
+        return check_packaged(name)
     path = Path(name).expanduser()
     if path.exists() or name.startswith((".", "/", "~")):
         if not path.is_dir():
@@ -62,11 +65,25 @@ def check_model_fit(config: dict[str, Any]) -> list[str]:
     from workloads.model.sizing import check_fit
 
     name = config["model"]["name_or_path"]
-    folder = Path(__file__).resolve().parent / "embedded" / "assets" / "base_model" if name == "embedded" else Path(name).expanduser()
+    folder = Path(__file__).resolve().parent / "embedded" / "assets" / "base_model" if name == "embedded" else (
+        ensure_folder(name) if is_packaged(name) else Path(name).expanduser())
     if not folder.is_dir():
         return []
     facts, problems = inspect_folder(folder)
     return problems or (check_fit(config, facts) if facts else [])
+
+
+def check_packaged(name: str) -> list[str]:
+    """A model fp8lab builds from a pip package (workloads.model.pretrained): the package must be
+    installed; the folder is built here, once, so trials find it ready."""
+    missing = missing_requirements(name)
+    if missing:
+        return missing
+    try:
+        ensure_folder(name)
+    except Exception as exc:  # noqa: BLE001 - a failed build is a problem to list, not a crash
+        return [f"model.name_or_path={name}: building its folder failed: {type(exc).__name__}: {exc}"]
+    return []
 
 
 def _hub_cached(repo_id: str) -> bool:

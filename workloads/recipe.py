@@ -20,11 +20,13 @@ from typing import Any, Callable, Protocol
 import torch
 
 from fp8lab_conf.contracts import (
-    METRIC_FINAL_LOSS, METRIC_STEPS_DONE, METRIC_TOKENS_PER_S, METRIC_TOKENS_PER_S_MEAN, METRIC_TRAIN_WALL_S,
+    METRIC_EVAL_LOSS, METRIC_EVAL_LOSS_TOKENS, METRIC_FINAL_LOSS, METRIC_STEPS_DONE, METRIC_TOKENS_PER_S, METRIC_TOKENS_PER_S_MEAN, METRIC_TRAIN_WALL_S,
     METRIC_UNDERFLOW_EVENTS,
 )
 from workloads.data import load as data_mod
+from workloads.data.heldout import load_heldout
 from workloads.eval.harness import evaluate_tasks
+from workloads.eval.heldout import curve_hook, heldout_loss
 from workloads.embedded.paths import embedded_paths
 from workloads.eval.metrics import PRIMARY_MEAN, configured_tasks, eval_data_dirs, primary_figure, task_metrics
 from workloads.health.monitor import HealthMonitor, verdict_step
@@ -119,6 +121,7 @@ class Trial:
     batch_size: int
     seed: int
     base_metrics: dict[str, float]
+    heldout: Any = None  # the held-out rows of `eval/loss` (tokenized like the training rows), or None
 
     def batches(self, start_step: int = 0) -> Any:
         """The training batches after ``start_step`` (deterministic in seed and step)."""
@@ -146,6 +149,7 @@ def setup(config: dict[str, Any], hooks: SetupHooks | None = None) -> Trial:
     model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
     train_data = setup_data(config["data"], int(config["train"]["max_seq_len"]), tokenizer, paths.data_dir,
                             hooks.on_rows if hooks is not None else None)
+    heldout = load_heldout(config["data"], config["eval"], int(config["train"]["max_seq_len"]), tokenizer, paths.data_dir)
     model = attach_lora(model, config["lora"], seed)
     base_norms = base_weight_norms(model)  # before the backend converts base layers: their BF16 norms
     precision = PrecisionSettings.from_config(config["precision"])
@@ -156,7 +160,7 @@ def setup(config: dict[str, Any], hooks: SetupHooks | None = None) -> Trial:
     trial = Trial(device, model, tokenizer, train_data, policy, telemetry, choice, handle,
                   AdapterProbe(model, base_norms),  # after the backend: it watches what the optimizer updates
                   memory, loop_settings(config["train"], config["precision"]["telemetry"]),
-                  int(config["train"]["batch_size"]), seed, base_metrics)
+                  int(config["train"]["batch_size"]), seed, base_metrics, heldout)
     if hooks is not None:
         hooks.on_precision(trial)
     calibrate(trial)
@@ -248,6 +252,23 @@ def train_metrics(train: TrainResult, trial: Trial) -> dict[str, float]:
         "memory/peak_bytes": float(trial.memory.peak_bytes()),
         "memory/base_weight_bytes": float(trial.handle.base_weight_bytes()),
     }
+
+
+def loss_curve(trial: Trial, eval_cfg: dict[str, Any]) -> Callable[[int], dict[str, float]] | None:
+    """The training loop's hook for the `eval/loss` curve every ``eval.loss_every`` steps."""
+    return curve_hook(trial.model, trial.heldout, int(eval_cfg["loss_every"]), int(eval_cfg["batch_size"]),
+                      trial.device, trial.handle)
+
+
+def heldout_metrics(trial: Trial, eval_cfg: dict[str, Any]) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """(`eval/loss` and its token count, the per-row losses) of the trained model, with the
+    scaling state put back afterwards, so the lm-eval accuracy that follows is what it would be
+    without it; ({}, []) without held-out rows."""
+    if trial.heldout is None:
+        return {}, []
+    with trial.handle.preserved_scaling_state():
+        out = heldout_loss(trial.model, trial.heldout, int(eval_cfg["batch_size"]), trial.device)
+    return {METRIC_EVAL_LOSS: out.mean, METRIC_EVAL_LOSS_TOKENS: float(sum(r["tokens"] for r in out.rows))}, out.rows
 
 
 def evaluate(model: Any, tokenizer: Any, eval_cfg: dict[str, Any], data_path: Any, device: torch.device,

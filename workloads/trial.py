@@ -87,7 +87,8 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, recorder: TrialRecorder,
                                  recorder.logger)
     load_start = load_average()
     train = run_training(trial.model, trial.handle, trial.telemetry, trial.batches, trial.settings, recorder.logger,
-                         progress, before_step=faults.before_step, checkpointer=checkpointer, health=health)
+                         progress, before_step=faults.before_step, checkpointer=checkpointer, health=health,
+                         heldout=recipe.loss_curve(trial, config["eval"]))
     if checkpointer:
         checkpointer.remove()  # training is over: the checkpoint has served its purpose
     metrics = {**trial.base_metrics, **recipe.train_metrics(train, trial),
@@ -99,6 +100,9 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, recorder: TrialRecorder,
         result.update(status=STATUS_STOPPED_EARLY, reason=f"stopped early at step {train.steps_done}: {train.verdict}",
                       stopped_step=train.steps_done)
     else:
+        loss_metrics, loss_rows = recipe.heldout_metrics(trial, config["eval"])
+        recorder.heldout(loss_rows)
+        metrics.update(loss_metrics)
         eval_metrics, out = recipe.evaluate(trial.model, trial.tokenizer, config["eval"], config["data"]["path"], trial.device)
         recorder.eval(out, recipe.eval_aggregate(config["eval"]), safe_name)
         metrics.update(eval_metrics)

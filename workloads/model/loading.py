@@ -13,13 +13,18 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from workloads.model.pretrained import ensure_folder, is_packaged
+
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 def resolve_model_path(name_or_path: str, embedded_model_dir: Path) -> str:
-    """"embedded" -> the shipped folder; a local path is expanded; anything else is a hub id."""
+    """"embedded" -> the shipped folder; a packaged model (workloads.model.pretrained) -> its built
+    folder; a local path is expanded; anything else is a hub id."""
     if name_or_path == "embedded":
         return str(embedded_model_dir)
+    if is_packaged(name_or_path):
+        return str(ensure_folder(name_or_path))
     local = Path(name_or_path).expanduser()
     return str(local) if local.exists() else name_or_path
 

@@ -118,6 +118,18 @@ class PrecisionHandle:
             if self.telemetry:
                 self.telemetry.recording = recording
 
+    @contextmanager
+    def preserved_scaling_state(self) -> Iterator[None]:
+        """Forwards inside leave every cast site's scaling state (amax histories) as it was, so
+        a measurement during training (the held-out loss curve) does not change the training."""
+        sites = [s.scaler for s in self.cast_sites if s.scaler is not None]
+        saved = [scaler.snapshot() for scaler in sites]
+        try:
+            yield
+        finally:
+            for scaler, state in zip(sites, saved):
+                scaler.restore(state)
+
     # -- the step ------------------------------------------------------------------------
     @property
     def loss_scale(self) -> float | None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 
@@ -358,6 +358,15 @@ class TensorScaler:
     @property
     def uses_history(self) -> bool:
         return self.kind.from_history
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """The state a forward changes (history, its position, the last scale and amax)."""
+        history = None if self.amax_history is None else self.amax_history.clone()
+        return history, self._pos, self.scale_inv, self.last_amax
+
+    def restore(self, state: tuple[Any, ...]) -> None:
+        """Put back what `snapshot` took: forwards in between leave no trace."""
+        self.amax_history, self._pos, self.scale_inv, self.last_amax = state
 
     def scale(self, x: torch.Tensor) -> torch.Tensor | None:
         """The scale to multiply ``x`` by before the cast; None for a plain cast."""

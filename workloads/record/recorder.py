@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fp8lab_conf.contracts import (
+    LOSS_ROWS_ARTIFACT,
     RESULT_JSON, STATUS_STOPPED_EARLY, TAG_ABLATION, TAG_ADAPTER_ERROR, TAG_BACKEND, TAG_BACKEND_REASON,
     TAG_CUDA_VISIBLE_DEVICES, TAG_DEVIATIONS, TAG_DEVICE, TAG_DIVERGED_STEP, TAG_EMULATED, TAG_EVAL_AGGREGATE,
     TAG_EVAL_PRIMARY, TAG_HOST, TAG_POLICY_VERSION, TAG_RAY_NODE_ID, TAG_RAY_RESOURCES, TAG_REASON, TAG_STATUS,
@@ -78,6 +79,11 @@ class TrialRecorder:
         self.logger.log_step(step, metrics)
 
     # -- eval ---------------------------------------------------------------------------------
+    def heldout(self, rows: list[dict[str, float]]) -> None:
+        """The held-out loss per row (`eval/loss_rows.jsonl`), for the report's pairing on rows."""
+        if rows:
+            self.logger.log_text("".join(json.dumps(row) + "\n" for row in rows), LOSS_ROWS_ARTIFACT)
+
     def eval(self, out: dict[str, Any], aggregate: str, safe_name: Any) -> None:
         """lm-eval's per-item samples and results as artifacts; tags say which metric of each
         task is its primary one and what eval/accuracy aggregates."""

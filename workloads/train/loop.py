@@ -86,9 +86,12 @@ def lora_weight_std(params: list[torch.nn.Parameter]) -> torch.Tensor:
 def run_training(model: Any, handle: Any, telemetry: Any, make_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]],
                  settings: LoopSettings, logger: Any, progress: ProgressFn | None = None,
                  before_step: Callable[[int, list[torch.nn.Parameter]], None] | None = None,
-                 checkpointer: Any = None, health: Any = None) -> TrainResult:
+                 checkpointer: Any = None, health: Any = None,
+                 heldout: Callable[[int], dict[str, float]] | None = None) -> TrainResult:
     """Train for `settings.steps`, logging every `log_every` steps; stop early on divergence, or
     when `health` (a workloads.health.monitor.HealthMonitor) calls the trial doomed and may stop it.
+    `heldout(step)` (workloads.eval.heldout.curve_hook) measures the held-out loss on the steps it
+    chooses before the last; its time is not training time (left out of wall_s and tokens/s).
 
     `make_batches(start_step)` yields the batches after `start_step` (the same ones a run from
     scratch would see there), so a run resumed from a checkpoint continues exactly."""
@@ -138,6 +141,13 @@ def run_training(model: Any, handle: Any, telemetry: Any, make_batches: Callable
             if health and health.stops(verdict):
                 result.status = STATUS_STOPPED_EARLY
                 break
+        if heldout and step < settings.steps:
+            measured_at = time.perf_counter()
+            if curve := heldout(step):
+                logger.log_step(step, curve)
+            measured_s = time.perf_counter() - measured_at
+            started += measured_s
+            window_start += measured_s
         if checkpointer and checkpointer.due(step) and step < settings.steps:
             result.wall_s = prior_wall + time.perf_counter() - started
             logger.flush()  # metrics up to this step are in MLflow before the checkpoint claims them
