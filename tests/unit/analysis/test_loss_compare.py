@@ -11,7 +11,7 @@ import pytest
 from analysis.loss_compare import LossEvidence, loss_cols, loss_comparison, loss_holm, overall_phrase, overall_word
 from analysis.options import ReportOptions
 
-OPTS = ReportOptions(bootstrap_reps=2000)
+OPTS = ReportOptions()
 
 
 def _rows(run: str, losses: np.ndarray, tokens: np.ndarray | None = None) -> pd.DataFrame:

@@ -29,7 +29,9 @@ SETTINGS = LoopSettings(steps=12, lr=2e-2, weight_decay=0.0, warmup_steps=2, lr_
 # one thread. The tolerance absorbs another CPU's summation order; it is well under the gaps
 # between policies (1.8e-3 bf16 -> fp8_naive, 4.7e-3 bf16 -> fp8_protected), so a policy whose
 # numerics change, or a step that changes, fails here.
-PINNED = {"bf16": 3.23217, "fp8_naive": 3.23395, "fp8_protected": 3.23871}
+# fp8_naive v3 and fp8_protected v2 (exact per-tensor scales; the BF16-stored weight quantized from its
+# BF16 copy, as torchao does) moved the two FP8 pins; bf16 is unchanged.
+PINNED = {"bf16": 3.23217, "fp8_naive": 3.23803, "fp8_protected": 3.23607}
 TOLERANCE = 5e-4
 
 
