@@ -206,7 +206,7 @@ def default_config(overrides: list[str] | None = None) -> dict[str, Any]:
 @dataclass
 class InProcessTrial:
     """One trial's model, policy and data, built exactly as ``workloads.trial`` builds them, whose
-    training loop (``workloads.train_loop.run_training``) can be run in chunks so that several
+    training loop (``workloads.train.loop.run_training``) can be run in chunks so that several
     trials can be interleaved step-chunk by step-chunk in one process."""
 
     name: str
@@ -226,7 +226,7 @@ class InProcessTrial:
     _batches: Iterator[dict[str, Any]] | None = None
 
     def run_chunk(self, n_steps: int) -> dict[str, float]:
-        """Train ``n_steps`` more steps through ``workloads.train_loop.run_training`` (a fresh
+        """Train ``n_steps`` more steps through ``workloads.train.loop.run_training`` (a fresh
         call, so step numbers, and with them the telemetry/logging cadence, restart at 1 and a
         chunk of ``telemetry.every`` steps holds exactly one recorded step).
 
@@ -249,7 +249,7 @@ class InProcessTrial:
 
     def _batch_iter(self) -> Iterator[dict[str, Any]]:
         if self._batches is None:
-            from workloads import data as data_mod
+            from workloads.data import load as data_mod
 
             self._batches = data_mod.batches(self.data, self.batch_size, 10**9, self.seed)
         return self._batches
@@ -259,7 +259,7 @@ def call_run_training(model: Any, handle: Any, telemetry: Any, batches: list[dic
                       settings: Any, logger: Any, health: Any = None) -> Any:
     """``run_training`` with a fixed list of batches, whichever way it takes them (an iterable
     of batches, or ``make_batches(start_step)`` since checkpoint/resume)."""
-    from workloads.train_loop import run_training
+    from workloads.train.loop import run_training
 
     params = inspect.signature(run_training).parameters
     extra = {"health": health} if health is not None else {}
@@ -289,12 +289,12 @@ def build_trial(
     (the verdict itself, a host-side rule check once per trial, is left out)."""
     import torch
 
-    from workloads import data as data_mod
-    from workloads.evaluate import embedded_paths
+    from workloads.data import load as data_mod
+    from workloads.eval.harness import embedded_paths
     from workloads.health.monitor import HealthMonitor
     from workloads.health.rules import HealthRules
     from workloads.health.signals import AdapterProbe, base_weight_norms
-    from workloads.model_loading import attach_lora, load_base_model
+    from workloads.model.loading import attach_lora, load_base_model
     from workloads.precision.backends import apply_backend, select_backend
     from workloads.precision.policy import get_policy
     from workloads.precision.telemetry import Fp8Telemetry

@@ -13,7 +13,7 @@ Models: ``default`` is the embedded model (hidden 128, 4 layers, ~20 tokens x 16
 step); ``1024`` is the same architecture at hidden 1024 (intermediate 4096, 16 heads of 64,
 ``--layers`` layers, random init; same tokenizer, data, LoRA r=8 on all linears, batch 16).
 Each variant is its own trial built in this process the way ``workloads.trial`` builds it and
-trained through ``workloads.train_loop.run_training``; telemetry is off (its cost is
+trained through ``workloads.train.loop.run_training``; telemetry is off (its cost is
 ``telemetry_overhead.py``'s figure), so this is the emulation alone.
 
 Variants per model: ``bf16``, ``fp8_protected`` and ``fp8_naive`` on the emulated backend

@@ -9,7 +9,7 @@ Goal: frozen base weights under fp8_protected (FP8 E4M3 + FP32 128x128 block sca
 
 Each (policy, model) runs in a fresh process (peak RSS is per process): it builds the trial the
 way ``workloads.trial`` does (load, LoRA, policy; telemetry on), trains ``--steps`` steps, and
-reports ``memory/peak_bytes`` exactly as a trial does on CPU (``workloads.memory.PeakMemory``:
+reports ``memory/peak_bytes`` exactly as a trial does on CPU (``workloads.train.memory.PeakMemory``:
 growth of the peak resident set over what the process held after its imports) and
 ``memory/base_weight_bytes`` (``handle.base_weight_bytes()``: every frozen Linear weight, lm_head
 included, FP8 scales included). ``fp8_protected/eager`` is the same policy with the compiled
@@ -45,7 +45,7 @@ def child(policy: str, hidden: int | None, layers: int | None, steps: int) -> di
     from peft.tuners.lora import LoraLayer
 
     import workloads.trial  # noqa: F401 - a trial's imports are done before its baseline too
-    from workloads.memory import PeakMemory
+    from workloads.train.memory import PeakMemory
     from workloads.precision.linear import Fp8BaseLinear
 
     memory = PeakMemory(torch.device("cpu"))

@@ -7,7 +7,7 @@
 
 Variants, each its own copy of the default trial (embedded model, LoRA, policy, data, seed),
 built in this process exactly as ``workloads.trial`` builds it and trained through
-``workloads.train_loop.run_training`` with a real ``MlflowTrialLogger`` on a temporary SQLite
+``workloads.train.loop.run_training`` with a real ``MlflowTrialLogger`` on a temporary SQLite
 store (so the extra metrics telemetry logs are written like in a trial; ``--logger null`` drops
 them):
 
@@ -103,7 +103,7 @@ def mlflow_logger_factory(store: Path, run_name: str) -> Any:
     """One MLflow run per variant on a SQLite store in ``store``; each chunk logs into it."""
     from mlflow.tracking import MlflowClient
 
-    from workloads.tracking import MlflowTrialLogger
+    from workloads.record.logger import MlflowTrialLogger
 
     uri = f"sqlite:///{store / 'mlflow.db'}"
     client = MlflowClient(uri)

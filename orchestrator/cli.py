@@ -237,7 +237,7 @@ def ui_command(uri: str, experiment: str) -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import generate_report
 
-    from orchestrator.tracking import absolute_uri
+    from orchestrator.runs import absolute_uri
 
     config = _composed(args)
     uri = absolute_uri(config["tracking"]["uri"])
@@ -252,7 +252,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _close_lost_drivers(uri: str, experiment: str | None) -> None:
     """Runs whose sweep driver died are closed (KILLED, reason `driver lost`) before the report
     reads them; a store this cannot write (read-only copy) is reported as it is."""
-    from orchestrator.tracking import close_lost_in_store
+    from orchestrator.runs import close_lost_in_store
 
     try:
         lines = close_lost_in_store(uri, experiment)
@@ -273,7 +273,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     from orchestrator.config_loader import compose_config, to_container
     from orchestrator.sweep_grammar import refuse_sweep_overrides
-    from orchestrator.tracking import absolute_uri
+    from orchestrator.runs import absolute_uri
     from orchestrator.ui import runs_view_url, server_command, server_env
 
     refuse_sweep_overrides(args.overrides, "ui")

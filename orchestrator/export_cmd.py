@@ -38,7 +38,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from mlflow.tracking import MlflowClient
 
     from orchestrator.config_loader import compose_config, to_container
-    from orchestrator.tracking import absolute_uri
+    from orchestrator.runs import absolute_uri
 
     run_ids = [a for a in args.args if "=" not in a]
     overrides = [a for a in args.args if "=" in a]

@@ -40,10 +40,10 @@ def plan_sweep(config: dict[str, Any], overrides: list[str], config_dir: str | N
     check the world; nothing is written."""
     specs = expand_sweep(overrides, config, config_dir)
     pending = start_preflight([s.config for s in specs]) if check_files else None
-    from orchestrator import ray_runner, tracking  # noqa: PLC0415 - MLflow + Ray: seconds, overlapped with preflight
+    from orchestrator import ray_runner, runs  # noqa: PLC0415 - MLflow + Ray: seconds, overlapped with preflight
 
-    uri = tracking.absolute_uri(config["tracking"]["uri"])
-    checks = [lambda: tracking.check_store(uri), lambda: ray_runner.check_address(config["cluster"]),
+    uri = runs.absolute_uri(config["tracking"]["uri"])
+    checks = [lambda: runs.check_store(uri), lambda: ray_runner.check_address(config["cluster"]),
               lambda: ray_runner.check_local_resources(config["cluster"]), lambda: _check_report_folder(config)]
     if pending is not None:
         checks.insert(0, pending.wait)
@@ -80,7 +80,7 @@ def _check_report_folder(config: dict[str, Any]) -> None:
 
 def _already_finished(uri: str, experiment_name: str, specs: list[TrialSpec]) -> dict[str, str]:
     from mlflow.tracking import MlflowClient  # noqa: PLC0415 - see the module docstring
-    from orchestrator import tracking  # noqa: PLC0415
+    from orchestrator import runs  # noqa: PLC0415
 
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         return {}  # no store yet: nothing finished, and don't create one before the sweep really starts
@@ -91,5 +91,5 @@ def _already_finished(uri: str, experiment_name: str, specs: list[TrialSpec]) ->
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
         return {}
-    finished = tracking.finished_trials(client, experiment.experiment_id)
+    finished = runs.finished_trials(client, experiment.experiment_id)
     return {s.trial_id: finished[s.trial_id] for s in specs if s.trial_id in finished}

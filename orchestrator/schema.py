@@ -236,7 +236,7 @@ def _check_axes(axes: Any, cfg: dict) -> list[str]:
 
 def _check_eval(ev: Any) -> list[str]:
     """Cross-key rules of `eval` (each key's own type is checked by the schema; which tasks and
-    metrics exist is known only to lm-eval: workloads/eval_preflight.py checks those)."""
+    metrics exist is known only to lm-eval: workloads/eval/checks.py checks those)."""
     if not isinstance(ev, dict):
         return []
     problems = []

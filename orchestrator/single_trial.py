@@ -16,7 +16,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from fp8lab_conf.contracts import METRIC_ACCURACY, METRIC_ACCURACY_STDERR, METRIC_TOKENS_PER_S, TrialLaunch
-from orchestrator import tracking
+from orchestrator import runs
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec, policy_label
 from orchestrator.params import trial_params
@@ -26,10 +26,10 @@ from orchestrator.trial_id import compute_trial_id
 def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     from workloads.preflight import check_config  # lighter than workloads.entry: bad input fails sooner
 
-    uri = tracking.absolute_uri(config["tracking"]["uri"])
+    uri = runs.absolute_uri(config["tracking"]["uri"])
     problems = check_config(config)
     try:
-        tracking.check_store(uri)
+        runs.check_store(uri)
     except UserInputError as exc:
         problems += exc.problems
     if problems:
@@ -41,8 +41,8 @@ def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, 
 
     ready_store(uri)  # a sweep may be creating the same store right now: never migrate it twice
     client = MlflowClient(uri)
-    experiment_id = tracking.ensure_experiment(client, config["sweep"]["name"], config["tracking"]["artifact_location"])
-    run_id = tracking.create_trial_run(client, experiment_id, spec, None, None, trial_params(config))
+    experiment_id = runs.ensure_experiment(client, config["sweep"]["name"], config["tracking"]["artifact_location"])
+    run_id = runs.create_trial_run(client, experiment_id, spec, None, None, trial_params(config))
     print(f"trial {spec.run_name} ({spec.trial_id}) -> MLflow run {run_id} in {uri}", file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` is handled like Ctrl-C
     try:
@@ -50,7 +50,7 @@ def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, 
     except KeyboardInterrupt:
         # KILLED even if the trial, unwinding, already closed its run as FINISHED: an interrupted
         # trial is not a result (a sweep would otherwise skip it as done).
-        tracking.mark_killed(client, run_id, "interrupted")
+        runs.mark_killed(client, run_id, "interrupted")
         return {"status": "KILLED"}
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -18,7 +18,7 @@ from rich.live import Live
 
 from orchestrator import progress as progress_mod
 from orchestrator import lease as lease_mod
-from orchestrator import ray_runner, sweep_summary, tracking
+from orchestrator import ray_runner, sweep_summary, runs
 from orchestrator.matrix import policy_label, resolved_yaml
 from orchestrator.params import trial_params
 from orchestrator.plan import SweepPlan
@@ -57,7 +57,7 @@ def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
         ray_runner.init_ray(cluster)
         try:
             ray_runner.check_resources(cluster)
-            tracking.check_store_for_cluster(ray_runner.node_count(), cluster, plan.tracking_uri, plan.config["tracking"]["artifact_location"])
+            runs.check_store_for_cluster(ray_runner.node_count(), cluster, plan.tracking_uri, plan.config["tracking"]["artifact_location"])
             experiment_id = early.result() if early else _experiment_for(plan)
             return _execute(plan, console, cluster, experiment_id, lease)
         finally:
@@ -69,29 +69,29 @@ def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
 def _experiment_for(plan: SweepPlan) -> str:
     lease_mod.ready_store(plan.tracking_uri)
     client = MlflowClient(plan.tracking_uri)
-    return tracking.ensure_experiment(client, plan.config["sweep"]["name"], plan.config["tracking"]["artifact_location"])
+    return runs.ensure_experiment(client, plan.config["sweep"]["name"], plan.config["tracking"]["artifact_location"])
 
 
 def _take_over(plan: SweepPlan, client: MlflowClient, experiment_id: str, lease: lease_mod.SweepLease, console: Any) -> None:
     """With the lease held: refuse a live driver of a server store, close what a lost driver left
     RUNNING, and recount what is finished (a driver that held the lease until a moment ago may
     have finished trials this plan still meant to run)."""
-    parent = tracking.find_parent(client, experiment_id, plan.sweep_id)
+    parent = runs.find_parent(client, experiment_id, plan.sweep_id)
     if parent:
         lease.check_parent(client.get_run(parent).data.tags)
-    for line in tracking.close_lost_runs(client, plan.tracking_uri, experiment_id, plan.sweep_id, own=True):
+    for line in runs.close_lost_runs(client, plan.tracking_uri, experiment_id, plan.sweep_id, own=True):
         console.print(line)
     if not plan.force:
-        finished = tracking.finished_trials(client, experiment_id)
+        finished = runs.finished_trials(client, experiment_id)
         plan.skipped = {s.trial_id: finished[s.trial_id] for s in plan.specs if s.trial_id in finished}
 
 
 def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_id: str,
              lease: lease_mod.SweepLease) -> SweepOutcome:
     client = MlflowClient(plan.tracking_uri)
-    tracking.check_artifact_root(ray_runner.node_count(), client.get_experiment(experiment_id).artifact_location, plan.config["sweep"]["name"])
+    runs.check_artifact_root(ray_runner.node_count(), client.get_experiment(experiment_id).artifact_location, plan.config["sweep"]["name"])
     _take_over(plan, client, experiment_id, lease, console)
-    parent = tracking.open_parent_run(client, experiment_id, plan.sweep_id, plan.config["sweep"]["name"],
+    parent = runs.open_parent_run(client, experiment_id, plan.sweep_id, plan.config["sweep"]["name"],
                                       resolved_yaml(plan.config), [s.trial_id for s in plan.specs])
     lease.start_heartbeat(client, parent)
     sweep_summary.log_sweep_params(client, parent, plan.config, len(plan.specs))
@@ -104,7 +104,7 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
         try:
             refs = {}
             for index, spec in enumerate(plan.to_run):
-                run_ids[spec.trial_id] = tracking.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, trial_params(spec.config))
+                run_ids[spec.trial_id] = runs.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, trial_params(spec.config))
                 launch = ray_runner.TrialLaunch(_for_workers(spec.config), spec.trial_id, run_ids[spec.trial_id],
                                                 plan.tracking_uri, policy_label(spec.config))
                 refs[ray_runner.submit(launch, board, cluster, plan.config["sweep"]["max_retries"], index)] = spec.trial_id
@@ -116,8 +116,8 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
     unfinished = [run_ids[t] for t in run_ids if t not in results]
     _record_failures(client, run_ids, results)
     sweep_summary.log_policy_summary(client, parent, results, plan.skipped)
-    tracking.close_unfinished(client, unfinished, "KILLED", "sweep interrupted" if interrupted else "no result")
-    tracking.finish_parent(client, parent, "KILLED" if interrupted else "FINISHED")
+    runs.close_unfinished(client, unfinished, "KILLED", "sweep interrupted" if interrupted else "no result")
+    runs.finish_parent(client, parent, "KILLED" if interrupted else "FINISHED")
     return SweepOutcome(plan, results, parent, makespan, ray_runner.parallel_slots(cluster), interrupted)
 
 
@@ -178,7 +178,7 @@ def _record_failures(client: MlflowClient, run_ids: dict[str, str], results: dic
     """A worker that died past its retries could not close its run: do it here with the reason."""
     for trial_id, result in results.items():
         if result["status"] == "FAILED":
-            tracking.close_unfinished(client, [run_ids[trial_id]], "FAILED", result.get("reason", ""))
+            runs.close_unfinished(client, [run_ids[trial_id]], "FAILED", result.get("reason", ""))
 
 
 class _signals_raise_interrupt:

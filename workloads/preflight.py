@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workloads.eval_preflight import check_eval_tasks
+from workloads.eval.checks import check_eval_tasks
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.pt")
 
@@ -55,10 +55,10 @@ def check_model(model_cfg: dict[str, Any]) -> list[str]:
 
 def check_model_fit(config: dict[str, Any]) -> list[str]:
     """A local model folder's weights, shapes and tokenizer (headers only, nothing loaded), then
-    whether the trial fits it (positions, LoRA rank, memory): `workloads.model_checks`,
-    `workloads.resource_guard`. Hub ids are checked by their loader."""
-    from workloads.model_checks import inspect_folder
-    from workloads.resource_guard import check_fit
+    whether the trial fits it (positions, LoRA rank, memory): `workloads.model.checks`,
+    `workloads.model.sizing`. Hub ids are checked by their loader."""
+    from workloads.model.checks import inspect_folder
+    from workloads.model.sizing import check_fit
 
     name = config["model"]["name_or_path"]
     folder = Path(__file__).resolve().parent / "embedded" / "assets" / "base_model" if name == "embedded" else Path(name).expanduser()
@@ -78,12 +78,12 @@ def _hub_cached(repo_id: str) -> bool:
 
 
 def check_data(config: dict[str, Any]) -> list[str]:
-    """The training data (and task data a data folder provides): see workloads.data_checks.
+    """The training data (and task data a data folder provides): see workloads.data.checks.
     Read once per distinct data/eval/model setting of a `check_many` call, not once per policy."""
     key = json.dumps([config["data"], config["eval"], config["model"]], sort_keys=True, default=str)
     if key not in _DATA_CHECKED:
-        from workloads.data_checks import check_data_inputs
-        from workloads.evaluate import embedded_paths
+        from workloads.data.checks import check_data_inputs
+        from workloads.eval.harness import embedded_paths
 
         paths = embedded_paths()
         _DATA_CHECKED[key] = check_data_inputs(config, paths.data_dir, paths.model_dir)
@@ -125,7 +125,7 @@ def check_model_policy(model_cfg: dict[str, Any], precision_cfg: dict[str, Any])
 @functools.lru_cache(maxsize=8)
 def _unsupported_weights(model_cfg_json: str) -> tuple[str, ...]:
     """Per model, once per process (a sweep checks every policy against the same model)."""
-    from workloads.model_loading import meta_model
+    from workloads.model.loading import meta_model
     from workloads.precision.walker import unsupported_weights
 
     try:

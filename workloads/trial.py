@@ -25,14 +25,14 @@ from fp8lab_conf.contracts import (
     METRIC_FINAL_LOSS, METRIC_STEPS_DONE, METRIC_TOKENS_PER_S, METRIC_TRAIN_WALL_S, METRIC_TRIAL_WALL_S, METRIC_UNDERFLOW_EVENTS,
     RESULT_JSON,
 )
-from workloads import data as data_mod
-from workloads.eval_metrics import (PRIMARY_MEAN, configured_tasks, eval_data_dirs, primary_figure, safe_name,
+from workloads.data import load as data_mod
+from workloads.eval.metrics import (PRIMARY_MEAN, configured_tasks, eval_data_dirs, primary_figure, safe_name,
                                     task_metrics)
-from workloads.evaluate import embedded_paths, evaluate_tasks
-from workloads.checkpoint import Checkpointer
-from workloads.faults import FaultInjector
-from workloads.memory import PeakMemory
-from workloads.model_loading import attach_lora, load_base_model
+from workloads.eval.harness import embedded_paths, evaluate_tasks
+from workloads.train.checkpoint import Checkpointer
+from workloads.train.faults import FaultInjector
+from workloads.train.memory import PeakMemory
+from workloads.model.loading import attach_lora, load_base_model
 from workloads.precision.backends import apply_backend, select_backend
 from workloads.precision.ladder import ladder_tags
 from workloads.precision.policy import get_policy
@@ -42,9 +42,9 @@ from workloads.health.monitor import HealthMonitor, verdict_step
 from workloads.health.reference import mlflow_reference
 from workloads.health.rules import HealthRules
 from workloads.health.signals import AdapterProbe, base_weight_norms
-from workloads.inputs import run_inputs
-from workloads.tracking import MlflowTrialLogger, SystemMetrics, write_parquet
-from workloads.train_loop import LoopSettings, ProgressFn, TrainResult, run_training
+from workloads.record.run_inputs import run_inputs
+from workloads.record.logger import MlflowTrialLogger, SystemMetrics, write_parquet
+from workloads.train.loop import LoopSettings, ProgressFn, TrainResult, run_training
 
 log = logging.getLogger("fp8lab.trial")
 

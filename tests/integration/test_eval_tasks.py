@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import TINY, client_for, read_json, run_cli
-from tests.unit.workloads.eval_task_files import GEN, MC, write_tasks
+from tests.unit.workloads.eval.eval_task_files import GEN, MC, write_tasks
 
 pytestmark = pytest.mark.integration
 

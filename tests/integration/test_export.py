@@ -52,7 +52,7 @@ def test_adapter_artifact_loads_with_lm_evals_peft_argument_at_the_trial_accurac
     from lm_eval.models.huggingface import HFLM
     from peft import PeftModel
 
-    from workloads.evaluate import embedded_paths, evaluate_model
+    from workloads.eval.harness import embedded_paths, evaluate_model
 
     adapter = trial.client.download_artifacts(trial.run.info.run_id, "adapter", str(tmp_path))
     lm = HFLM(pretrained=str(embedded_paths().model_dir), peft=adapter, dtype="bfloat16", device="cpu")  # lm-eval's loader
@@ -64,7 +64,7 @@ def test_adapter_artifact_loads_with_lm_evals_peft_argument_at_the_trial_accurac
 def test_fp8_export_reloads_at_the_trial_accuracy_and_registers(trial: SimpleNamespace) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workloads.evaluate import evaluate_model
+    from workloads.eval.harness import evaluate_model
 
     out = trial.workdir / "model-fp8"
     proc = run_cli(["export", trial.run.info.run_id, "--format", "fp8-block128", "--out", str(out),

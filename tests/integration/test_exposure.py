@@ -89,7 +89,7 @@ def test_defaults_do_not_expose(tmp_path: Path) -> None:
 
 
 def test_trust_remote_code_reaches_the_loader_only_as_configured(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workloads import model_loading
+    from workloads.model import loading as model_loading
 
     seen: list[bool] = []
 

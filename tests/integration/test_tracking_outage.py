@@ -122,7 +122,7 @@ def test_an_outage_past_the_retry_budget_is_a_clear_failure(monkeypatch: pytest.
     """The other outcome: a store that stays away. Training goes on while metrics wait in memory;
     the final flush gives up after the retry budget (60 s in a trial, 2 s here) with an error that
     names the store, which the trial turns into FAILED with that reason (workloads/trial.py)."""
-    from workloads.tracking import MlflowTrialLogger, TrackingUnavailable
+    from workloads.record.logger import MlflowTrialLogger, TrackingUnavailable
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     logger = MlflowTrialLogger(f"http://127.0.0.1:{free_port()}", "0" * 32, flush_every=2, retry_s=2)

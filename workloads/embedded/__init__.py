@@ -7,5 +7,5 @@
 
 `python -m workloads.embedded.build` regenerates the assets from a seed;
 `python -m workloads.embedded.calibrate` measures how fast a BF16 LoRA learns the task.
-Locate the folders with `workloads.evaluate.embedded_paths()`.
+Locate the folders with `workloads.eval.harness.embedded_paths()`.
 """

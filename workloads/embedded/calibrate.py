@@ -6,7 +6,7 @@ A self-contained plain PEFT LoRA fine-tune (no fp8lab precision code): the base 
 LoRA adapters (all linears except lm_head) with FP32 master weights, AdamW, loss on the answer
 tokens of `prompt + " " + choices[answer]` only. At each step budget it prints test accuracy
 (summed log-likelihood of each choice, i.e. lm-eval's `acc`), elapsed time and steps/s; with
---lm-eval it also scores the final model through workloads.evaluate.evaluate_model.
+--lm-eval it also scores the final model through workloads.eval.harness.evaluate_model.
 Used to pick the default `train.*`/`lora.*` values; not part of a trial.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workloads.evaluate import embedded_paths, evaluate_model
+    from workloads.eval.harness import embedded_paths, evaluate_model
 
     paths = embedded_paths()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

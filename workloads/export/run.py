@@ -129,8 +129,8 @@ def folder_bytes(folder: Path) -> int:
 
 def base_model_path(config: dict[str, Any]) -> tuple[str, bool]:
     """(local folder or hub id of the trial's base model, trust_remote_code)."""
-    from workloads.evaluate import embedded_paths
-    from workloads.model_loading import resolve_model_path
+    from workloads.eval.harness import embedded_paths
+    from workloads.model.loading import resolve_model_path
 
     model_cfg = config["model"]
     return (resolve_model_path(model_cfg["name_or_path"], embedded_paths().model_dir),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import ray_runner, tracking
+from orchestrator import ray_runner, runs
 from orchestrator.errors import UserInputError
 
 CLUSTER = {"address": "auto", "trial_resources": {}, "pin_trials": [], "cpus_per_trial": 1, "gpus_per_trial": 0}
@@ -20,23 +20,23 @@ def test_trial_resources_add_round_robin_pins() -> None:
 @pytest.mark.parametrize("uri", ["sqlite:////tmp/x/mlflow.db", "file:///tmp/mlruns", "/tmp/mlruns"])
 def test_file_store_refused_on_several_nodes(uri: str) -> None:
     with pytest.raises(UserInputError, match="2 nodes.*tracking.uri=http://"):
-        tracking.check_store_for_cluster(2, CLUSTER, uri, None)
+        runs.check_store_for_cluster(2, CLUSTER, uri, None)
 
 
 def test_file_store_allowed_on_one_node_server_always() -> None:
-    tracking.check_store_for_cluster(1, CLUSTER, "sqlite:////tmp/x/mlflow.db", None)
-    tracking.check_store_for_cluster(3, CLUSTER, "http://mlflow:5000", None)
-    tracking.check_artifact_root(3, "mlflow-artifacts:/1", "exp")
-    tracking.check_artifact_root(1, "/mlruns/3", "exp")  # one node: its own disk is everyone's
+    runs.check_store_for_cluster(1, CLUSTER, "sqlite:////tmp/x/mlflow.db", None)
+    runs.check_store_for_cluster(3, CLUSTER, "http://mlflow:5000", None)
+    runs.check_artifact_root(3, "mlflow-artifacts:/1", "exp")
+    runs.check_artifact_root(1, "/mlruns/3", "exp")  # one node: its own disk is everyone's
 
 
 def test_ray_client_counts_as_remote_and_local_artifacts_are_refused() -> None:
     with pytest.raises(UserInputError, match="Ray Client"):
-        tracking.check_store_for_cluster(1, {**CLUSTER, "address": "ray://head:10001"}, "sqlite:////tmp/m.db", None)
+        runs.check_store_for_cluster(1, {**CLUSTER, "address": "ray://head:10001"}, "sqlite:////tmp/m.db", None)
     with pytest.raises(UserInputError, match="tracking.artifact_location"):
-        tracking.check_store_for_cluster(2, CLUSTER, "http://mlflow:5000", "/shared/artifacts")
+        runs.check_store_for_cluster(2, CLUSTER, "http://mlflow:5000", "/shared/artifacts")
     with pytest.raises(UserInputError, match="local folder"):
-        tracking.check_artifact_root(2, "/mlruns/3", "exp")
+        runs.check_artifact_root(2, "/mlruns/3", "exp")
 
 
 def test_missing_custom_resource_is_refused_before_trials_wait_forever(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from fp8lab_conf.contracts import TAG_DRIVER, TAG_DRIVER_HEARTBEAT, TAG_DRIVER_LOST
-from orchestrator import lease, tracking
+from orchestrator import lease, runs
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -95,8 +95,8 @@ def test_runs_of_a_lost_driver_are_closed_and_a_live_drivers_left_alone(tmp_path
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     lease.ready_store(uri)
     client = MlflowClient(uri)
-    exp = tracking.ensure_experiment(client, "lost", None)
-    parent = tracking.open_parent_run(client, exp, "s-lost", "lost", "a: 1\n")
+    exp = runs.ensure_experiment(client, "lost", None)
+    parent = runs.open_parent_run(client, exp, "s-lost", "lost", "a: 1\n")
     client.set_tag(parent, TAG_DRIVER, "pid 4242 on node-7 since 2026-01-01 00:00:00 UTC")
     child = client.create_run(exp, tags={"fp8lab.role": "trial", "fp8lab.sweep_id": "s-lost",
                                          "fp8lab.trial_id": "t1", "fp8lab.status": "RUNNING"}).info.run_id
@@ -105,11 +105,11 @@ def test_runs_of_a_lost_driver_are_closed_and_a_live_drivers_left_alone(tmp_path
     client.set_terminated(done, "FINISHED")
     driver = _hold_lease(uri, "s-lost")
     try:
-        assert tracking.close_lost_in_store(uri, "lost") == []  # its driver is alive
+        assert runs.close_lost_in_store(uri, "lost") == []  # its driver is alive
         assert client.get_run(child).info.status == "RUNNING"
     finally:
         _kill(driver)
-    lines = tracking.close_lost_in_store(uri, "lost")
+    lines = runs.close_lost_in_store(uri, "lost")
     assert lines == ["sweep s-lost: its driver (pid 4242 on node-7 since 2026-01-01 00:00:00 UTC) was lost; "
                      "1 unfinished trial run(s) marked KILLED (reason: driver lost)"], lines
     closed = client.get_run(child)
@@ -118,4 +118,4 @@ def test_runs_of_a_lost_driver_are_closed_and_a_live_drivers_left_alone(tmp_path
     assert closed.data.tags[TAG_DRIVER_LOST].startswith("pid 4242 on node-7")
     assert client.get_run(parent).info.status == "KILLED"
     assert client.get_run(done).info.status == "FINISHED"
-    assert tracking.close_lost_in_store(uri, "lost") == []  # nothing left to close
+    assert runs.close_lost_in_store(uri, "lost") == []  # nothing left to close

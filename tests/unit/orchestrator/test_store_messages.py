@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, tracking
+from orchestrator import cli, runs
 from orchestrator.errors import UserInputError
-from workloads.tracking import MlflowTrialLogger, TrackingUnavailable, disk_full
+from workloads.record.logger import MlflowTrialLogger, TrackingUnavailable, disk_full
 
 
 class _FullStore:
@@ -36,7 +36,7 @@ def test_sweep_refuses_a_store_on_a_full_disk(tmp_path: Path) -> None:
         pytest.skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)")
     try:
         with pytest.raises(UserInputError, match=r"tracking.uri: the disk holding .* is full .*fix: free space"):
-            tracking.check_store(f"sqlite:///{disk}/mlflow.db")
+            runs.check_store(f"sqlite:///{disk}/mlflow.db")
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.evaluate import embedded_paths
+from workloads.eval.harness import embedded_paths
 
 # ChatML, the template many instruct models ship; the embedded (base) model has none.
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

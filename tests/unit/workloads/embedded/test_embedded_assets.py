@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from workloads.embedded import synth
-from workloads.evaluate import embedded_paths
+from workloads.eval.harness import embedded_paths
 
 MAX_ASSET_BYTES = 10_500_000
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from workloads.embedded import synth
-from workloads.evaluate import embedded_paths
+from workloads.eval.harness import embedded_paths
 
 
 def test_corpus_is_deterministic_in_seed():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from lm_eval.tasks import TaskManager
 
-from workloads.evaluate import embedded_paths
+from workloads.eval.harness import embedded_paths
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from orchestrator.config_loader import compose_config, to_container
-from workloads.data import batches, load_training_data
-from workloads.evaluate import embedded_paths
-from workloads.model_loading import load_base_model
+from workloads.data.load import batches, load_training_data
+from workloads.eval.harness import embedded_paths
+from workloads.model.loading import load_base_model
 
 MC = {"prompt": "Which is largest: 3, 8?\nAnswer:", "choices": ["3", "8"], "answer": 1}
 PC = {"prompt": "Twice 4 is", "completion": "eight"}
@@ -97,11 +97,11 @@ def test_chat_loss_is_on_every_assistant_turn(tmp_path: Path, base_config: dict,
 
 
 def _train_two_steps(config: dict, model_dir: Path | None = None) -> Any:
-    from workloads.model_loading import attach_lora
+    from workloads.model.loading import attach_lora
     from workloads.precision.backends import apply_backend, select_backend
     from workloads.precision.policy import get_policy
     from workloads.precision.telemetry import Fp8Telemetry
-    from workloads.train_loop import run_training
+    from workloads.train.loop import run_training
     from workloads.trial import _loop_settings
 
     cpu = torch.device("cpu")
@@ -151,7 +151,7 @@ class _ThinkingTemplate:
 
 
 def test_chat_template_that_rewrites_earlier_turns_trains_the_final_turn_only() -> None:
-    from workloads.data_formats import chat_segments
+    from workloads.data.formats import chat_segments
 
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "think|one"},
                 {"role": "user", "content": "b"}, {"role": "assistant", "content": "think|two"}]

@@ -16,11 +16,11 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from workloads.checkpoint import Checkpointer
-from workloads.data import TokenizedData, batches
+from workloads.train.checkpoint import Checkpointer
+from workloads.data.load import TokenizedData, batches
 from workloads.precision.apply import apply_policy
 from workloads.precision.telemetry import Fp8Telemetry
-from workloads.train_loop import LoopSettings, TrainResult, run_training
+from workloads.train.loop import LoopSettings, TrainResult, run_training
 
 V, ROWS, WIDTH, BATCH = 32, 16, 12, 4
 SETTINGS = LoopSettings(steps=12, lr=2e-2, weight_decay=0.0, warmup_steps=2, lr_schedule="cosine", grad_clip=1.0,

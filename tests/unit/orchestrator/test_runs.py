@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator import tracking
+from orchestrator import runs
 from orchestrator.config_loader import compose_config, to_container
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import expand_sweep
@@ -20,9 +20,9 @@ def store(tmp_path: Path) -> str:
 def test_parent_and_child_runs_have_the_layout(store: str) -> None:
     client = MlflowClient(store)
     specs = expand_sweep([], to_container(compose_config([])))
-    exp = tracking.ensure_experiment(client, "t", None)
-    parent = tracking.open_parent_run(client, exp, "abc123", "t", "x: 1\n")
-    child = tracking.create_trial_run(client, exp, specs[5], "abc123", parent, {"lora.r": 8})
+    exp = runs.ensure_experiment(client, "t", None)
+    parent = runs.open_parent_run(client, exp, "abc123", "t", "x: 1\n")
+    child = runs.create_trial_run(client, exp, specs[5], "abc123", parent, {"lora.r": 8})
     run = client.get_run(child)
     assert run.info.run_name == "fp8_protected-s1"
     assert run.info.status == "SCHEDULED"
@@ -31,23 +31,23 @@ def test_parent_and_child_runs_have_the_layout(store: str) -> None:
     assert run.data.tags["fp8lab.trial_id"] == specs[5].trial_id
     assert run.data.params["lora.r"] == "8"
     # reopening the same sweep reuses the parent
-    assert tracking.open_parent_run(client, exp, "abc123", "t", "x: 1\n") == parent
+    assert runs.open_parent_run(client, exp, "abc123", "t", "x: 1\n") == parent
 
 
 def test_finished_trials_and_closing_unfinished(store: str) -> None:
     client = MlflowClient(store)
     specs = expand_sweep([], to_container(compose_config([])))
-    exp = tracking.ensure_experiment(client, "t", None)
-    done = tracking.create_trial_run(client, exp, specs[0], "s", None, {})
+    exp = runs.ensure_experiment(client, "t", None)
+    done = runs.create_trial_run(client, exp, specs[0], "s", None, {})
     client.set_tag(done, "fp8lab.status", "FINISHED")
     client.set_terminated(done, "FINISHED")
-    pending = tracking.create_trial_run(client, exp, specs[1], "s", None, {})
-    diverged = tracking.create_trial_run(client, exp, specs[2], "s", None, {})
+    pending = runs.create_trial_run(client, exp, specs[1], "s", None, {})
+    diverged = runs.create_trial_run(client, exp, specs[2], "s", None, {})
     client.set_tag(diverged, "fp8lab.status", "DIVERGED")
-    failed = tracking.create_trial_run(client, exp, specs[3], "s", None, {})
+    failed = runs.create_trial_run(client, exp, specs[3], "s", None, {})
     client.set_tag(failed, "fp8lab.status", "FAILED")
-    assert tracking.finished_trials(client, exp) == {specs[0].trial_id: done, specs[2].trial_id: diverged}
-    tracking.close_unfinished(client, [pending, done], "KILLED", "sweep interrupted")
+    assert runs.finished_trials(client, exp) == {specs[0].trial_id: done, specs[2].trial_id: diverged}
+    runs.close_unfinished(client, [pending, done], "KILLED", "sweep interrupted")
     assert client.get_run(pending).info.status == "KILLED"
     assert client.get_run(pending).data.tags["fp8lab.reason"] == "sweep interrupted"
     assert client.get_run(done).info.status == "FINISHED"
@@ -55,13 +55,13 @@ def test_finished_trials_and_closing_unfinished(store: str) -> None:
 
 def test_store_checks(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match="tracking.uri: folder .* does not exist"):
-        tracking.check_store(f"sqlite:///{tmp_path}/missing/mlflow.db")
+        runs.check_store(f"sqlite:///{tmp_path}/missing/mlflow.db")
     with pytest.raises(UserInputError, match="not reachable"):
-        tracking.check_store("http://127.0.0.1:9", timeout_s=1)
-    tracking.check_store(f"sqlite:///{tmp_path}/mlflow.db")
+        runs.check_store("http://127.0.0.1:9", timeout_s=1)
+    runs.check_store(f"sqlite:///{tmp_path}/mlflow.db")
 
 
 def test_relative_sqlite_uri_becomes_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert tracking.absolute_uri("sqlite:///mlflow.db") == f"sqlite:///{tmp_path}/mlflow.db"
-    assert tracking.absolute_uri("http://x:5000") == "http://x:5000"
+    assert runs.absolute_uri("sqlite:///mlflow.db") == f"sqlite:///{tmp_path}/mlflow.db"
+    assert runs.absolute_uri("http://x:5000") == "http://x:5000"

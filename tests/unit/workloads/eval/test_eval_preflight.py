@@ -1,4 +1,4 @@
-"""workloads.eval_preflight: one line per problem of the eval section, before any training."""
+"""workloads.eval.checks: one line per problem of the eval section, before any training."""
 from __future__ import annotations
 
 import json
@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from tests.unit.workloads.eval_task_files import GEN, MC, PPL, write_tasks
-from workloads.eval_preflight import check_eval_tasks
-from workloads.evaluate import embedded_paths
+from tests.unit.workloads.eval.eval_task_files import GEN, MC, PPL, write_tasks
+from workloads.eval.checks import check_eval_tasks
+from workloads.eval.harness import embedded_paths
 
 
 @pytest.fixture(scope="module")

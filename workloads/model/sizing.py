@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from workloads.model_checks import CONFIG_DTYPE_BYTES, ModelFacts
+from workloads.model.checks import CONFIG_DTYPE_BYTES, ModelFacts
 
 GIB = 2**30
 

@@ -44,7 +44,7 @@ def _train_source(data_cfg: dict[str, Any], embedded_dir: Path) -> Any:
     """The file (or save_to_disk folder) trained on, or the Hugging Face dataset page."""
     from mlflow.data.http_dataset_source import HTTPDatasetSource
 
-    from workloads.data import locate
+    from workloads.data.load import locate
 
     source = locate(data_cfg["path"], embedded_dir)
     if source.hub_name:
@@ -61,7 +61,7 @@ def eval_dataset(eval_cfg: dict[str, Any]) -> Any:
     from mlflow.data.code_dataset_source import CodeDatasetSource
     from mlflow.data.meta_dataset import MetaDataset
 
-    from workloads.eval_metrics import configured_tasks
+    from workloads.eval.metrics import configured_tasks
 
     tasks = configured_tasks(eval_cfg)
     what = {"lm_eval.tasks": ",".join(tasks), "lm_eval.limit": eval_cfg.get("limit"),

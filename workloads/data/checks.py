@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from workloads.data import DATA_SUFFIXES, DataSource, locate
-from workloads.data_formats import RowProblem, detect_format, row_problems
-from workloads.eval_metrics import EMBEDDED_TASK, configured_tasks
+from workloads.data.load import DATA_SUFFIXES, DataSource, locate
+from workloads.data.formats import RowProblem, detect_format, row_problems
+from workloads.eval.metrics import EMBEDDED_TASK, configured_tasks
 # What the embedded task's loader (workloads/embedded/tasks/dataset.py) reads from a data folder.
 EVAL_SPLITS = ("train", "validation", "test")
 EVAL_FIELDS = {"prompt_field": "prompt", "choices_field": "choices", "answer_field": "answer"}
@@ -212,7 +212,7 @@ def check_chat_template(model_cfg: dict[str, Any], embedded_model_dir: Path) -> 
     """Chat rows need the tokenizer's chat template; a base model's tokenizer often has none."""
     from transformers import AutoTokenizer
 
-    from workloads.model_loading import resolve_model_path
+    from workloads.model.loading import resolve_model_path
 
     path = resolve_model_path(model_cfg["name_or_path"], embedded_model_dir)
     try:

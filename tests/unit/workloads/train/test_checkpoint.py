@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from workloads.checkpoint import Checkpointer
+from workloads.train.checkpoint import Checkpointer
 from workloads.precision.grad_scaler import LoraGradScaler
 
 

@@ -39,6 +39,6 @@ def test_mechanisms_experiment_runs_both_ladders_between_the_three_policies() ->
 
 
 def test_the_mechanisms_doc_names_every_mechanism_and_rung() -> None:
-    doc = (Path(__file__).parents[3] / "docs" / "mechanisms.md").read_text()
+    doc = (Path(__file__).parents[4] / "docs" / "mechanisms.md").read_text()
     for name in [*MECHANISMS, *(r.name for r in RUNGS), *available_policies()]:
         assert f"`{name}`" in doc, name

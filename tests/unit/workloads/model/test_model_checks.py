@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config_loader import compose_config, to_container
-from workloads import resource_guard
-from workloads.model_checks import inspect_folder
+from workloads.model import sizing as resource_guard
+from workloads.model.checks import inspect_folder
 from workloads.preflight import check_model_fit
 
-EMBEDDED = Path(__file__).resolve().parents[3] / "workloads" / "embedded" / "assets" / "base_model"
+EMBEDDED = Path(__file__).resolve().parents[4] / "workloads" / "embedded" / "assets" / "base_model"
 
 
 @pytest.fixture

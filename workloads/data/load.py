@@ -2,7 +2,7 @@
 
 Rows come from a local JSONL or Parquet file, a folder of `<split>.jsonl`/`<split>.parquet`
 files, a folder written by `Dataset.save_to_disk`, or a Hugging Face dataset name; their format
-(multiple choice, prompt/completion, chat) is described in `workloads.data_formats`. For
+(multiple choice, prompt/completion, chat) is described in `workloads.data.formats`. For
 multiple choice the text trained on is exactly what lm-eval scores at evaluation time:
 `prompt + target_delimiter + answer`, with the loss on the answer tokens only.
 """
@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import torch
 
-from workloads.data_formats import Segment, chat_segments, detect_format, row_problems, text_segments
+from workloads.data.formats import Segment, chat_segments, detect_format, row_problems, text_segments
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""workloads.evaluate: lm-eval on an in-memory model, task lookup and custom data."""
+"""workloads.eval.harness: lm-eval on an in-memory model, task lookup and custom data."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workloads.evaluate import check_task_exists, embedded_paths, evaluate_model
+from workloads.eval.harness import check_task_exists, embedded_paths, evaluate_model
 
 
 @pytest.fixture(autouse=True, scope="module")

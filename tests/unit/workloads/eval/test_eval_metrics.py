@@ -1,9 +1,9 @@
-"""workloads.eval_metrics: metric labels, primary-metric choice, per-item rows, the aggregate."""
+"""workloads.eval.metrics: metric labels, primary-metric choice, per-item rows, the aggregate."""
 from __future__ import annotations
 
 import pytest
 
-from workloads.eval_metrics import (TaskInfo, configured_tasks, item_values, metric_label, primary_figure,
+from workloads.eval.metrics import (TaskInfo, configured_tasks, item_values, metric_label, primary_figure,
                                     resolve_primary, task_metrics)
 
 GSM = TaskInfo(name="gsm", output_type="generate_until", metrics=("exact_match",),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from workloads.tracking import SystemMetrics
+from workloads.record.logger import SystemMetrics
 
 
 def test_short_and_retried_trials_get_one_value_per_step(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workloads.evaluate import embedded_paths
+from workloads.eval.harness import embedded_paths
 
 MC, GEN, PPL = "tiny_mc", "tiny_gen", "tiny_ppl"
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workloads.eval_metrics import (PRIMARY_MEAN, TaskInfo, available, configured_tasks, eval_data_dirs,
+from workloads.eval.metrics import (PRIMARY_MEAN, TaskInfo, available, configured_tasks, eval_data_dirs,
                                     resolve_primary)
 
 GENERATIVE = "generate_until"
@@ -59,7 +59,7 @@ def _check(config: dict[str, Any], data_has_problems: bool = False) -> list[str]
 def _load_infos(names: list[str], key: str, include: str | None,
                 data_dirs: dict[str, str]) -> tuple[dict[str, TaskInfo], list[str]]:
     """Build every task with lm-eval (this loads its data): {task: TaskInfo}, problems."""
-    from workloads.evaluate import load_tasks
+    from workloads.eval.harness import load_tasks
 
     infos: dict[str, TaskInfo] = {}
     problems: list[str] = []
@@ -159,7 +159,7 @@ def _tokenizer(model_cfg: dict[str, Any]) -> Any:
     resolution as in model_loading, without importing PEFT for it (seconds, in every preflight)."""
     from transformers import AutoTokenizer
 
-    from workloads.evaluate import embedded_paths
+    from workloads.eval.harness import embedded_paths
 
     name = model_cfg["name_or_path"]
     local = Path(name).expanduser()

@@ -13,12 +13,12 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from workloads.evaluate import embedded_paths
+from workloads.eval.harness import embedded_paths
 from workloads.export.adapter import load_with_adapter, merged_model, save_adapter
 from workloads.export.fp8_block import (BLOCK, NothingToQuantize, dequantize_checkpoint, expected_scale_shape,
                                         quantizable_linears, write_fp8_checkpoint)
 from workloads.export.run import ExportError, check_exportable
-from workloads.model_loading import attach_lora, load_base_model
+from workloads.model.loading import attach_lora, load_base_model
 from workloads.precision.backends import apply_backend, select_backend
 from workloads.precision.policy import get_policy
 from workloads.precision.telemetry import Fp8Telemetry

@@ -1,4 +1,4 @@
-"""workloads.evaluate.evaluate_tasks: several lm-eval tasks of every output type in one call,
+"""workloads.eval.harness.evaluate_tasks: several lm-eval tasks of every output type in one call,
 on the embedded model, with task YAMLs and data the tests write themselves."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.unit.workloads.eval_task_files import GEN, MC, PPL, write_tasks
-from workloads.eval_metrics import primary_figure
-from workloads.evaluate import embedded_paths, evaluate_tasks
+from tests.unit.workloads.eval.eval_task_files import GEN, MC, PPL, write_tasks
+from workloads.eval.metrics import primary_figure
+from workloads.eval.harness import embedded_paths, evaluate_tasks
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from typing import Callable
 import pytest
 
 from orchestrator.config_loader import compose_config, to_container
-from workloads.data_checks import check_data_inputs
-from workloads.evaluate import embedded_paths
+from workloads.data.checks import check_data_inputs
+from workloads.eval.harness import embedded_paths
 
 GOOD = {"prompt": "Which is largest: 1, 9?", "choices": ["1", "9"], "answer": 1}
 

@@ -1,10 +1,10 @@
-"""Training batches (workloads/data.py `batches`) on their own: deterministic in (seed, step),
+"""Training batches (workloads/data/load.py `batches`) on their own: deterministic in (seed, step),
 every row once per epoch, resumable at any step, trimmed to the longest row of the batch."""
 from __future__ import annotations
 
 import torch
 
-from workloads.data import TokenizedData, batches
+from workloads.data.load import TokenizedData, batches
 
 ROWS, WIDTH = 10, 8
 

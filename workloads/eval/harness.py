@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from workloads.eval_metrics import EMBEDDED_TASK, TaskInfo, item_values, metric_label, resolve_primary, task_metrics
+from workloads.eval.metrics import EMBEDDED_TASK, TaskInfo, item_values, metric_label, resolve_primary, task_metrics
 
 
 @dataclass(frozen=True)
