@@ -8,7 +8,8 @@ Static and cheap (AST only, nothing imported): in every `*.py` under the given f
   not show: an expected exception, a tolerance, an expected warning),
 
 per file and per enclosing function (`file stem::function`, keyed by the file's stem so a test
-that moves to another folder keeps its key). `--collect` also asks pytest how many tests it
+that moves to another folder keeps its key; a function whose file was renamed is looked up by its
+name). `--collect` also asks pytest how many tests it
 collects (parametrized cases included), which is the number the issue counts.
 
     python benchmarks/count_checks.py tests --json before.json          # record
@@ -116,8 +117,13 @@ def compare(now: Census, before: dict) -> list[str]:
             lines.append(f"FEWER {kind}: {was} -> {is_}")
     if before.get("tests") is not None and now.tests is not None and now.tests < before["tests"]:
         lines.append(f"FEWER tests: {before['tests']} -> {now.tests}")
+    by_name: dict[str, list[Counter]] = {}
+    for key, counts in now.functions.items():
+        by_name.setdefault(key.split("::", 1)[1], []).append(counts)
     for key, was in sorted(before["functions"].items()):
-        is_ = now.functions.get(key, Counter())
+        is_ = now.functions.get(key)
+        if is_ is None:  # the file was renamed: the function under another stem counts
+            is_ = max(by_name.get(key.split("::", 1)[1], [Counter()]), key=lambda c: sum(c.values()))
         down = {k: (v, is_.get(k, 0)) for k, v in was.items() if is_.get(k, 0) < v}
         if down:
             lines.append(f"  down in {key}: " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in down.items()))

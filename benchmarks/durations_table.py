@@ -15,6 +15,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+MIN_SETUP_S = 0.1  # setups below this are pytest's own bookkeeping, not a shared fixture
 LINE = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)")
 
 
@@ -39,7 +40,8 @@ def tables(entries: list[tuple[float, str, str]], top: int = 30, depth: int = 3)
         path = node.split("::", 1)[0]
         per_file[path] += sec
         per_folder["/".join(path.split("/")[:depth]) if path.count("/") >= depth else path.rsplit("/", 1)[0]] += sec
-    setups = sorted(((node, sec) for sec, phase, node in entries if phase == "setup"), key=lambda r: -r[1])
+    setups = sorted(((node, sec) for sec, phase, node in entries if phase == "setup" and sec >= MIN_SETUP_S),
+                    key=lambda r: -r[1])
     slowest = sorted(per_test.items(), key=lambda r: -r[1])
     total = sum(per_test.values())
     return "\n\n".join([
@@ -47,7 +49,8 @@ def tables(entries: list[tuple[float, str, str]], top: int = 30, depth: int = 3)
         _table(f"{top} slowest tests (setup+call+teardown)", slowest[:top]),
         _table("per folder", sorted(per_folder.items(), key=lambda r: -r[1]), total),
         _table("per file (top 25)", sorted(per_file.items(), key=lambda r: -r[1])[:25]),
-        _table("slowest setups (shared fixtures are charged to their first test)", setups[:15]),
+        _table("slowest setups (shared fixtures are charged to their first test)", setups[:15])
+        if setups else f"(no setup phase of {MIN_SETUP_S} s or more)",
     ])
 
 

@@ -66,6 +66,10 @@ def test_compare_fails_on_fewer_checks_and_lists_moved_ones(tmp_path: Path) -> N
     lines = count_checks.compare(count_checks.census(same_total), json.loads(before.read_text()))
     assert lines == ["  down in test_sample::TestThing.test_method: assert 1->0"]
 
+    renamed = tmp_path / "r"
+    _tree(renamed).joinpath("sub", "test_sample.py").rename(renamed / "sub" / "test_renamed.py")
+    assert count_checks.compare(count_checks.census(renamed), json.loads(before.read_text())) == []
+
     fewer = _tree(tmp_path / "c", SAMPLE.replace("    assert 1 == 1\n", ""))
     assert count_checks.main([str(fewer), "--compare", str(before)]) == 1
     assert count_checks.compare(count_checks.census(fewer), json.loads(before.read_text()))[0] == "FEWER assert: 5 -> 4"

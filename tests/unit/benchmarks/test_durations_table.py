@@ -31,3 +31,5 @@ def test_parses_every_phase_and_sums_per_test_folder_and_file() -> None:
     assert "| tests/integration | 120.5 |" in folders and "| tests/unit/analysis | 32.2 |" in folders
     assert "| tests/unit/workloads | 0.2 |" in folders and "| **total** | 153.0 |" in folders
     assert "| tests/unit/analysis/test_report_e2e.py::test_a | 30.0 |" in text.split("\n\n")[4]
+    quick = durations_table.tables(durations_table.parse(OUTPUT.replace("30.00s setup", "0.01s setup")))
+    assert quick.endswith("(no setup phase of 0.1 s or more)")  # bookkeeping is not a shared fixture
