@@ -13,7 +13,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-# --- running on every core (pytest-xdist: `-n auto --dist loadfile`, README's test command) ----------
+# --- running on every core (pytest-xdist: `-n auto --dist loadgroup`, README's test command) ---------
 
 _GIB = 1024 ** 3
 WORKER_MEMORY_GIB = 3  # one worker plus the CLI / Ray / trial processes its integration tests start
@@ -32,3 +32,14 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     except (ValueError, OSError, AttributeError):
         return cores
     return max(1, min(cores, memory // (WORKER_MEMORY_GIB * _GIB)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup`: tests of a module with a module-scoped fixture share a worker (built
+    once), all others spread one by one (tests/support/xdist_groups.py says why not the marks)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None  # any other --dist is honoured as asked
+    from tests.support.xdist_groups import ModuleGroupScheduling
+
+    return ModuleGroupScheduling(config, log)

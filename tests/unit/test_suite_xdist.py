@@ -21,7 +21,7 @@ def _command_flags() -> list[str]:
     return readme[0].split()
 
 
-CONFTEST = "from tests.conftest import pytest_xdist_auto_num_workers  # noqa: F401\n"
+CONFTEST = "from tests.conftest import pytest_xdist_auto_num_workers, pytest_xdist_make_scheduler  # noqa: F401\n"
 MODULE = '''
 import os
 import pytest
@@ -75,3 +75,15 @@ def test_auto_workers_are_capped_by_cores(monkeypatch) -> None:
     assert 1 <= pytest_xdist_auto_num_workers(None) <= cores
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "7")
     assert pytest_xdist_auto_num_workers(None) == 7  # the user's number wins
+
+
+def test_modules_with_a_shared_fixture_are_found_by_reading_them(tmp_path: Path) -> None:
+    from tests.support.xdist_groups import shared_setup_modules
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "test_a.py").write_text(MODULE)  # scope="module"
+    (tmp_path / "test_b.py").write_text("import pytest\n\n@pytest.fixture(autouse=True, scope='class')\ndef c():\n    pass\n")
+    (tmp_path / "test_c.py").write_text("import pytest\n\n@pytest.fixture\ndef f():\n    pass\n\n"
+                                        "@pytest.fixture(scope='session')\ndef s():\n    pass\n")
+    (tmp_path / "conftest.py").write_text("import pytest\n\n@pytest.fixture(scope='module')\ndef m():\n    pass\n")
+    assert shared_setup_modules(tmp_path) == {"sub/test_a.py", "test_b.py"}  # function/session scope and conftest: no
