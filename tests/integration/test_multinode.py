@@ -412,7 +412,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         import psycopg  # noqa: F401 - MLflow's SQLAlchemy URL postgresql+psycopg needs it
     except ImportError:
         _unavailable("the psycopg driver is not installed: pip install 'psycopg[binary]'")
-    root = Path(os.path.realpath(tmp_path_factory.mktemp("mn", numbered=True)))
+    # Short and outside pytest's tmp: under xdist the tmp path gains a "popen-gwN" level, and Ray's
+    # socket paths below <root>/rayA/session_<date>_<pid>/sockets/ must stay within 107 bytes.
+    root = Path(os.path.realpath(tempfile.mkdtemp(prefix="fp8lab-mn-")))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
     stack = LocalStack(root, env)
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=stack.token, RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1",
@@ -423,6 +425,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         yield stack
     finally:
         stack.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_two_node_sweep_tracked_in_postgres_backed_mlflow(stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
