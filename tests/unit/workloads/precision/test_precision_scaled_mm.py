@@ -150,19 +150,25 @@ def _train(policy: str, real: bool) -> tuple[list[float], dict[str, Counter], li
     return losses, counts, rows
 
 
+# Power-of-two scales (fp8_naive-exact_scales): the losses agree to 1e-4 relative (the GEMMs differ
+# by accumulation order at most; on this tiny model every FP32 sum of FP8 products is exact and the
+# losses come out bit-identical). Exact (non-power-of-two) scales, fp8_naive v3 and fp8_protected
+# v2: measured 5.6e-4 relative over 3 steps, pinned at 1e-3. The emulator multiplies each decoded
+# operand by its scale and rounds it before the matmul; a real FP8 GEMM applies both scales once to
+# the FP32 accumulator. With power-of-two scales both are exact; with exact scales the emulator's
+# operand rounding is the deviation (docs/real_gemms.md).
 @pytest.mark.parametrize(
-    ("policy", "lora_fp8"), [("fp8_naive", True), ("fp8_protected-block_scales", False)]
+    ("policy", "lora_fp8", "rel_tol"),
+    [("fp8_naive-exact_scales", True, 1e-4), ("fp8_naive", True, 1e-3), ("fp8_protected-block_scales", False, 1e-3)],
 )
-def test_policy_trains_the_same_through_scaled_mm(policy, lora_fp8, caplog):
-    """Same seed, same batches: the losses agree to 1e-4 relative (the GEMMs differ by
-    accumulation order at most; on this tiny model every FP32 sum of FP8 products is exact and the
-    losses come out bit-identical). Base GEMMs (dims multiples of 16) run for real; rank-4 LoRA
-    GEMMs fall back, logged."""
+def test_policy_trains_the_same_through_scaled_mm(policy, lora_fp8, rel_tol, caplog):
+    """Same seed, same batches: the losses agree within ``rel_tol`` (see above). Base GEMMs (dims
+    multiples of 16) run for real; rank-4 LoRA GEMMs fall back, logged."""
     emulated, none, _ = _train(policy, real=False)
     assert none == {"base": Counter(), "lora": Counter()}
     with caplog.at_level(logging.WARNING, logger="workloads.precision.scaled_mm"):
         real, counts, rows = _train(policy, real=True)
-    assert all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(emulated, real))
+    assert all(abs(a - b) <= rel_tol * abs(a) for a, b in zip(emulated, real)), (emulated, real)
     # Every base GEMM runs for real: forward, and dgrad except where no input needs a gradient
     # (layer 0's q/k/v see the frozen embedding): per step 14 + 11, plus fp8_naive's lm_head.
     lm_head = 2 if lora_fp8 else 0

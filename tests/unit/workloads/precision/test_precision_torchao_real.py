@@ -52,13 +52,18 @@ def scaled_mm_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize(("policy", "rel_tol"), [("fp8_naive", 1e-5), ("fp8_protected", 1e-3)])
+# Power-of-two scales (fp8_naive-exact_scales, the rung of the old fp8_naive v2): bit-identical to
+# torchao's real path, pinned at 1e-5. Exact scales (fp8_naive v3, torchao tensorwise's own default):
+# measured 5.6e-4 relative over 3 steps, pinned at 1e-3; the cause is the emulator's rounding of each
+# scaled operand before its matmul, where _scaled_mm scales the FP32 accumulator (docs/real_gemms.md).
+@pytest.mark.parametrize(("policy", "rel_tol"),
+                         [("fp8_naive-exact_scales", 1e-5), ("fp8_naive", 1e-3), ("fp8_protected", 1e-3)])
 def test_torchao_real_fp8_trains_on_cpu_like_the_emulated_backend(policy, rel_tol, scaled_mm_calls):
     emulated, _, _ = _train(policy, "emulated")
     assert not scaled_mm_calls  # the emulated backend never calls it (precision.gemm=emulated)
     real, handle, rows = _train(policy, "torchao")
     assert (handle.backend, handle.emulated) == ("torchao", False)
-    assert handle.recipe == ("tensorwise" if policy == "fp8_naive" else "rowwise")
+    assert handle.recipe == ("tensorwise" if policy.startswith("fp8_naive") else "rowwise")
     frozen = [m for m in handle.model.modules() if isinstance(m, tb.frozen_base_float8_linear_cls())]
     assert len(frozen) == len(handle.converted) >= 14 and not any(m.config.emulate for m in frozen)
     # forward + dgrad of every converted linear, every step (layer 0's q/k/v need no dgrad)
@@ -68,7 +73,7 @@ def test_torchao_real_fp8_trains_on_cpu_like_the_emulated_backend(policy, rel_to
     # every deviation the backend reports is still shown: in the handle and as plan rows
     shown = {r["note"] for r in handle.plan if r["tensor"] == "deviation"}
     assert set(handle.deviations) <= shown
-    assert bool(handle.deviations) is (policy != "fp8_naive")
+    assert bool(handle.deviations) is not policy.startswith("fp8_naive")  # the stock recipe and its power-of-two rung map exactly
     if policy == "fp8_protected":
         assert any("torchao has no delayed scaling" in d for d in handle.deviations)
     # telemetry still comes from the very casts the real GEMMs use
