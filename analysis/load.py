@@ -498,7 +498,7 @@ def fetch_loss_rows(tracking_uri: str, runs: Sequence[tuple[str, str]], workers:
     row, loss, tokens. Runs without the file (older runs, failed trials) contribute nothing."""
 
     def read(path: Path) -> pd.DataFrame:
-        frame = pd.read_json(path, lines=True)
+        frame = pd.read_json(path, lines=True, convert_dates=False)  # "row" is an index, not a date
         return frame if {"row", "loss", "tokens"} <= set(frame.columns) else pd.DataFrame()
 
     parts = [p for p in _each_run_file(tracking_uri, runs, workers, LOSS_ROWS_ARTIFACT, read) if "row" in p]
