@@ -59,7 +59,7 @@ class LossEvidence:
 
 
 def loss_comparison(x_runs: list[tuple[str, int]], y_runs: list[tuple[str, int]], ev: LossEvidence,
-                    options: ReportOptions, label: str) -> Comparison | None:
+                    options: ReportOptions) -> Comparison | None:
     """Relative loss error (%) of runs x vs baseline runs y, each given as (run_id, seed);
     None when a run has no per-row losses or the sides share fewer than two rows."""
     if not x_runs or not y_runs or any(r not in ev.by_run for r, _ in [*x_runs, *y_runs]):
@@ -84,8 +84,8 @@ def loss_comparison(x_runs: list[tuple[str, int]], y_runs: list[tuple[str, int]]
                              confidence=options.confidence, score_range=None)  # a loss has no fixed range
 
 
-def loss_cols(sub: pd.DataFrame, base_sub: pd.DataFrame | None, ev: LossEvidence, options: ReportOptions,
-              label: str) -> dict[str, Any]:
+def loss_cols(sub: pd.DataFrame, base_sub: pd.DataFrame | None, ev: LossEvidence,
+              options: ReportOptions) -> dict[str, Any]:
     """A summary row's loss columns: the group's mean eval/loss and, against the baseline, the
     relative error (%) with its interval and equivalence test."""
     counted = sub[sub["counted"]] if "counted" in sub else sub
@@ -98,7 +98,7 @@ def loss_cols(sub: pd.DataFrame, base_sub: pd.DataFrame | None, ev: LossEvidence
         return out
     base_counted = base_sub[base_sub["counted"]] if "counted" in base_sub else base_sub
     base_runs = [(str(r), int(s)) for r, s in zip(base_counted["run_id"], base_counted["seed"])]
-    cmp = loss_comparison(runs, base_runs, ev, options, label)
+    cmp = loss_comparison(runs, base_runs, ev, options)
     if cmp is None:
         out["loss_note"] = "no paired held-out rows with the baseline"
         return out

@@ -300,7 +300,7 @@ def build_summary(
         row["baseline"] = "(baseline)" if is_base else (base.label if base is not None else "")
         cmp = compare(sub, base_sub, ev, options, f"{g.label}|{base.label}") if base_sub is not None else None
         row.update(_comparison_cols(cmp, note, options))
-        row.update(loss_cols(sub, base_sub, loss_evidence or LossEvidence(), options, f"{g.label}|{base.label if base else ''}"))
+        row.update(loss_cols(sub, base_sub, loss_evidence or LossEvidence(), options))
         row.update(_ratio_cols(sub, base_sub, note, options))
         row.update(_speed_cols(sub, options))
         row.update(_telemetry_cols(sub))

@@ -18,12 +18,13 @@ import math
 import os
 import statistics
 import dataclasses
-import inspect
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from workloads.train.step_clock import load_average
 
 REFERENCE = "bf16"
 
@@ -179,15 +180,10 @@ class InProcessTrial:
 
 def call_run_training(model: Any, handle: Any, telemetry: Any, batches: list[dict[str, Any]],
                       settings: Any, logger: Any, health: Any = None) -> Any:
-    """``run_training`` with a fixed list of batches, whichever way it takes them (an iterable
-    of batches, or ``make_batches(start_step)`` since checkpoint/resume)."""
+    """``run_training`` over a fixed list of batches (its ``make_batches(start_step)`` serves them)."""
     from workloads.train.loop import run_training
 
-    params = inspect.signature(run_training).parameters
-    extra = {"health": health} if health is not None else {}
-    if "make_batches" in params:
-        return run_training(model, handle, telemetry, lambda start: batches[start:], settings, logger, **extra)
-    return run_training(model, handle, telemetry, batches, settings, logger, **extra)
+    return run_training(model, handle, telemetry, lambda start: batches[start:], settings, logger, health=health)
 
 
 
@@ -214,7 +210,7 @@ def run_probe(configs: Mapping[str, dict[str, Any]], settings: ProbeSettings,
     policies = list(configs)
     if REFERENCE not in policies:
         raise ValueError(f"the speed probe compares with {REFERENCE}: add it to the policies")
-    load_start = _load()
+    load_start = load_average()
     trials = {p: build(p, configs[p]) for p in policies}
     for trial in trials.values():
         trial.run_chunk(1)  # warm-up: first-step allocations and compilation stay out of the rounds
@@ -228,9 +224,5 @@ def run_probe(configs: Mapping[str, dict[str, Any]], settings: ProbeSettings,
             low, high = median_ci(ratios, settings.confidence)
             out[policy][clock] = {"step_s": summarize(values), "ratio": summarize(ratios) | {"low": low, "high": high}}
     return {"policies": out, "rounds": settings.rounds, "chunk": settings.chunk, "confidence": settings.confidence,
-            "probe_s": time.perf_counter() - started, "loadavg_start": load_start, "loadavg_end": _load(),
+            "probe_s": time.perf_counter() - started, "loadavg_start": load_start, "loadavg_end": load_average(),
             "cpu_count": os.cpu_count()}
-
-
-def _load() -> float:
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan

@@ -8,14 +8,15 @@ from typing import Any
 import torch
 
 
-def tiny_lora_model() -> torch.nn.Module:
-    """2 layers, hidden 64, rank-4 LoRA on every linear; every dim a multiple of 16."""
+def tiny_lora_model(seed: int = 0, vocab_size: int = 128) -> torch.nn.Module:
+    """2 layers, hidden 64, rank-4 LoRA on every linear; every dim a multiple of 16 at the default
+    vocabulary (the precision unit tests use 100)."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)  # fmt: skip
+                      num_key_value_heads=2, vocab_size=vocab_size, max_position_embeddings=64)  # fmt: skip
     return get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
 
 

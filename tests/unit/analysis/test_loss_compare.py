@@ -34,7 +34,7 @@ def test_a_one_percent_higher_loss_is_worse_and_not_equivalent() -> None:
     rng = np.random.default_rng(0)
     base = [rng.uniform(0.5, 3.0, 200) for _ in range(3)]
     other = [b * 1.01 for b in base]  # exactly +1% on every row and seed
-    c = loss_comparison([(f"p{s}", s) for s in range(3)], [(f"b{s}", s) for s in range(3)], _evidence(base, other), OPTS, "x")
+    c = loss_comparison([(f"p{s}", s) for s in range(3)], [(f"b{s}", s) for s in range(3)], _evidence(base, other), OPTS)
     assert c is not None and c.paired_seeds and c.items == 200
     assert c.delta == pytest.approx(1.0, abs=1e-9)
     assert c.low > 0.5 and c.p < 0.05  # a difference, and bigger than the 0.5% margin
@@ -45,7 +45,7 @@ def test_a_tiny_loss_change_is_equivalent_within_half_a_percent() -> None:
     rng = np.random.default_rng(1)
     base = [rng.uniform(0.5, 3.0, 200) for _ in range(3)]
     other = [b * (1 + rng.normal(0.0005, 0.002, 200)) for b in base]  # +0.05% on average, noisy
-    c = loss_comparison([(f"p{s}", s) for s in range(3)], [(f"b{s}", s) for s in range(3)], _evidence(base, other), OPTS, "x")
+    c = loss_comparison([(f"p{s}", s) for s in range(3)], [(f"b{s}", s) for s in range(3)], _evidence(base, other), OPTS)
     expected = 100 * (np.mean(other) - np.mean(base)) / np.mean(base)
     assert c.delta == pytest.approx(expected)
     assert -0.5 < c.tost_low < c.tost_high < 0.5 and c.tost_p < 0.05
@@ -57,9 +57,9 @@ def test_summary_columns_holm_and_the_overall_verdict_need_both_tests() -> None:
     ev = _evidence(base, [b * 1.0001 for b in base])
     sub = pd.DataFrame({"run_id": [f"p{s}" for s in range(3)], "seed": range(3), "counted": True})
     base_sub = pd.DataFrame({"run_id": [f"b{s}" for s in range(3)], "seed": range(3), "counted": True})
-    row = {"policy": "fp8_naive", **loss_cols(sub, base_sub, ev, OPTS, "fp8_naive|bf16")}
+    row = {"policy": "fp8_naive", **loss_cols(sub, base_sub, ev, OPTS)}
     assert row["loss_rel_pct"] == pytest.approx(0.01)
-    frame = loss_holm(pd.DataFrame([row, {"policy": "bf16", **loss_cols(base_sub, None, ev, OPTS, "b")}]), OPTS)
+    frame = loss_holm(pd.DataFrame([row, {"policy": "bf16", **loss_cols(base_sub, None, ev, OPTS)}]), OPTS)
     r = frame.iloc[0].to_dict()
     assert r["loss_equivalent"] is True or r["loss_equivalent"] == np.True_
     assert overall_word({**r, "equivalent": True}) == "as good"
@@ -70,7 +70,7 @@ def test_summary_columns_holm_and_the_overall_verdict_need_both_tests() -> None:
 
 def test_runs_without_loss_rows_get_no_comparison() -> None:
     ev = _evidence([np.ones(10)], [np.ones(10)])
-    assert loss_comparison([("p0", 0)], [("missing", 0)], ev, OPTS, "x") is None
+    assert loss_comparison([("p0", 0)], [("missing", 0)], ev, OPTS) is None
 
 
 def test_summary_table_and_verdict_show_the_loss_and_need_both_passes() -> None:

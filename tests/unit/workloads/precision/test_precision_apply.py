@@ -4,10 +4,9 @@ import json
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 from peft.tuners.lora import LoraLayer
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.support.tiny_lora import tiny_lora_model as shared_tiny_lora_model
 from workloads.precision.apply import apply_policy
 from workloads.precision.formats import E4M3, E5M2, saturating_cast
 from workloads.precision.linear import Fp8BaseLinear, Fp8LoraLinear, LoraComputeLinear
@@ -16,14 +15,7 @@ from workloads.precision.telemetry import Fp8Telemetry
 
 
 def tiny_lora_model(seed: int = 0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=100, max_position_embeddings=64,
-    )  # fmt: skip
-    return get_peft_model(
-        LlamaForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
-    )
+    return shared_tiny_lora_model(seed, vocab_size=100)
 
 
 def batch(seed: int) -> torch.Tensor:
