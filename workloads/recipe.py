@@ -1,4 +1,5 @@
-"""The recipe spine of a trial (after torchtune's recipes): ``setup`` reads as the list of stages.
+"""The recipe spine of a trial (after torchtune's recipes): ``run`` reads as the list of stages
+(setup -> train -> evaluate -> export), and ``setup`` as the list of its own.
 
 Each stage function takes its own part of the config (or a frozen settings object made from
 it) and explicit values, never the whole config, so a reader sees what a stage depends on and
@@ -6,13 +7,15 @@ the benchmarks can build a trial from the same stages (``benchmarks/_common.buil
 The order of the stages is the order of the random-number draws: changing it changes the
 numbers, so it is fixed here, once.
 
-``workloads.trial`` keeps only the run's lifecycle around this: start, result, close.
+``workloads.trial`` keeps only the run's lifecycle around this: it starts the recorder, runs
+the recipe with hooks that record each setup stage as it happens, and records what ``run``
+returns (an ``Outcome``: plain values, nothing written yet) before it closes the run.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -20,15 +23,17 @@ from typing import Any, Callable, Protocol
 import torch
 
 from fp8lab_conf.contracts import (
-    METRIC_EVAL_LOSS, METRIC_EVAL_LOSS_TOKENS, METRIC_FINAL_LOSS, METRIC_STEPS_DONE, METRIC_TOKENS_PER_S, METRIC_TOKENS_PER_S_MEAN, METRIC_TRAIN_WALL_S,
-    METRIC_UNDERFLOW_EVENTS,
+    METRIC_EVAL_LOSS, METRIC_EVAL_LOSS_TOKENS, METRIC_FINAL_LOSS, METRIC_LOADAVG_END, METRIC_LOADAVG_START,
+    METRIC_STEPS_DONE, METRIC_TOKENS_PER_S, METRIC_TOKENS_PER_S_MEAN, METRIC_TRAIN_WALL_S, METRIC_UNDERFLOW_EVENTS,
+    STATUS_STOPPED_EARLY,
 )
 from workloads.data import load as data_mod
 from workloads.data.heldout import load_heldout
-from workloads.eval.harness import evaluate_tasks
-from workloads.eval.heldout import curve_hook, heldout_loss
 from workloads.embedded.paths import embedded_paths
-from workloads.eval.metrics import PRIMARY_MEAN, configured_tasks, eval_data_dirs, primary_figure, task_metrics
+from workloads.eval.heldout import curve_hook, heldout_loss
+from workloads.eval.metrics import eval_aggregate
+from workloads.eval.score import score_tasks
+from workloads.export.adapter import ADAPTER_ARTIFACT, save_adapter
 from workloads.health.monitor import HealthMonitor, verdict_step
 from workloads.health.rules import HealthRules
 from workloads.health.signals import AdapterProbe, base_weight_norms
@@ -38,9 +43,10 @@ from workloads.precision.policy import PrecisionPolicy, get_policy
 from workloads.precision.scaled_mm import enable_scaled_mm
 from workloads.precision.telemetry import Fp8Telemetry
 from workloads.train.checkpoint import Checkpointer
-from workloads.train.loop import LoopSettings, TrainResult
+from workloads.train.faults import FaultInjector
+from workloads.train.loop import LoopSettings, ProgressFn, TrainResult, run_training
 from workloads.train.memory import PeakMemory
-from workloads.train.step_clock import StepClock
+from workloads.train.step_clock import StepClock, load_average
 
 log = logging.getLogger("fp8lab.trial")
 
@@ -136,6 +142,55 @@ class SetupHooks(Protocol):
     def on_precision(self, trial: Trial) -> None: ...
 
 
+class RunHooks(SetupHooks, Protocol):
+    """What the trial's lifecycle lends the stages after setup: where the training loop and the
+    health monitor write (a ``TrialLogger``), and the store's side of two stages."""
+
+    logger: Any
+
+    def flush_at_checkpoints(self) -> None: ...
+    def reference(self, policy: str) -> Callable[[int], float | None]: ...
+
+
+@dataclass(frozen=True)
+class Scores:
+    """The evaluation stage's output: metrics and what the run keeps of them."""
+
+    metrics: dict[str, float]
+    heldout_rows: list[dict[str, float]]  # per-row held-out losses (`eval/loss_rows.jsonl`)
+    lm_eval: dict[str, Any]  # lm-eval's output: per-task samples and results
+    aggregate: str  # what `eval/accuracy` aggregates (``eval.primary``)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``run`` leaves for the lifecycle: the result's fields and the run's final records."""
+
+    status: str  # FINISHED | DIVERGED | STOPPED_EARLY (a failure raises)
+    reason: str
+    metrics: dict[str, float]
+    steps_done: int
+    verdict: str  # the health verdict's line, or ""
+    diverged_step: int | None
+    stopped_step: int | None
+    telemetry_rows: list[dict[str, Any]]
+    scores: Scores | None  # None: not evaluated (diverged, stopped early)
+    adapter: tuple[str, Callable[[Path], Path]] | None  # (artifact folder, save function), when kept
+
+
+def run(config: dict[str, Any], hooks: RunHooks, trial_id: str, run_id: str,
+        progress: ProgressFn | None = None) -> Outcome:
+    """The whole trial, stage by stage. Only a trial that trained to the end is evaluated: a
+    diverged one has nothing to score, and skipping it is the compute early stop saves."""
+    trial = setup(config, hooks)
+    health = HealthSettings.from_config(config["health"], config["sweep"].get("early_stop", False))
+    trained, train_scores = train(trial, config["train"], health, config.get("fault"), config["eval"], hooks,
+                                  trial_id, run_id, progress)
+    scores = evaluate(trial, config["eval"], config["data"]["path"]) if trained.status == "FINISHED" else None
+    return export(trial, trained, {**trial.base_metrics, **train_scores}, scores,
+                  bool(config["tracking"].get("log_adapter", True)))
+
+
 def setup(config: dict[str, Any], hooks: SetupHooks | None = None) -> Trial:
     """The stages of a trial, in order. ``hooks`` see the device once chosen, the training rows
     before tokenization (the run's dataset input), and the trial once its backend is applied
@@ -147,14 +202,14 @@ def setup(config: dict[str, Any], hooks: SetupHooks | None = None) -> Trial:
     paths = embedded_paths()
     memory = PeakMemory(device)
     model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
+    model = attach_lora(model, config["lora"], seed)  # seeds its own draws: the data stage draws none
     train_data = setup_data(config["data"], int(config["train"]["max_seq_len"]), tokenizer, paths.data_dir,
                             hooks.on_rows if hooks is not None else None)
     heldout = load_heldout(config["data"], config["eval"], int(config["train"]["max_seq_len"]), tokenizer, paths.data_dir)
-    model = attach_lora(model, config["lora"], seed)
     base_norms = base_weight_norms(model)  # before the backend converts base layers: their BF16 norms
     precision = PrecisionSettings.from_config(config["precision"])
     policy, telemetry = setup_policy(precision)
-    base_metrics = (evaluate(model, tokenizer, config["eval"], config["data"]["path"], device, prefix="eval/base_")[0]
+    base_metrics = (score_tasks(model, tokenizer, config["eval"], config["data"]["path"], device, prefix="eval/base_")[0]
                     if config["eval"]["before_training"] else {})
     choice, handle = setup_backend(model, policy, telemetry, precision.backend, device, precision.gemm)
     trial = Trial(device, model, tokenizer, train_data, policy, telemetry, choice, handle,
@@ -238,6 +293,25 @@ def setup_checkpointer(train_cfg: dict[str, Any], trial_id: str, run_id: str) ->
     return Checkpointer(root / trial_id, every, run_id)
 
 
+def train(trial: Trial, train_cfg: dict[str, Any], health: HealthSettings, fault_cfg: dict[str, Any] | None,
+          eval_cfg: dict[str, Any], hooks: RunHooks, trial_id: str, run_id: str,
+          progress: ProgressFn | None = None) -> tuple[TrainResult, dict[str, float]]:
+    """The training loop with what watches it (injected faults, checkpoints, the health monitor,
+    the held-out loss curve): (the loop's result, its metrics with the load around it)."""
+    faults = FaultInjector(fault_cfg)
+    checkpointer = setup_checkpointer(train_cfg, trial_id, run_id)
+    if checkpointer:
+        hooks.flush_at_checkpoints()
+    monitor = setup_health(health, trial, hooks.reference(health.reference_policy), hooks.logger)
+    load_start = load_average()
+    result = run_training(trial.model, trial.handle, trial.telemetry, trial.batches, trial.settings, hooks.logger,
+                          progress, before_step=faults.before_step, checkpointer=checkpointer, health=monitor,
+                          heldout=loss_curve(trial, eval_cfg))
+    if checkpointer:
+        checkpointer.remove()  # training is over: the checkpoint has served its purpose
+    return result, {**train_metrics(result, trial), METRIC_LOADAVG_START: load_start, METRIC_LOADAVG_END: load_average()}
+
+
 def train_metrics(train: TrainResult, trial: Trial) -> dict[str, float]:
     """The speed figure is the steady-state median of `StepClock`; a run too short to have one
     after its warm-up falls back to the whole-run mean (which is also logged under its own name)."""
@@ -271,33 +345,25 @@ def heldout_metrics(trial: Trial, eval_cfg: dict[str, Any]) -> tuple[dict[str, f
     return {METRIC_EVAL_LOSS: out.mean, METRIC_EVAL_LOSS_TOKENS: float(sum(r["tokens"] for r in out.rows))}, out.rows
 
 
-def evaluate(model: Any, tokenizer: Any, eval_cfg: dict[str, Any], data_path: Any, device: torch.device,
-             prefix: str = "eval/") -> tuple[dict[str, float], dict[str, Any]]:
-    """(metrics, lm-eval's output) of one evaluation of every configured task: ``<prefix>accuracy``
-    (+ stderr) is the primary figure ``eval.primary`` chooses, ``eval/<task>/<metric>`` (+ stderr)
-    every number lm-eval returned (``eval/base/<task>/...`` before training). ``data_path`` is
-    ``data.path``: a data folder may hold the tasks' data too."""
-    names = configured_tasks(eval_cfg)
-    started = time.perf_counter()
-    model.eval()
-    with torch.no_grad():
-        out = evaluate_tasks(
-            model, tokenizer, names, metrics=eval_cfg.get("metrics") or {},
-            data_dirs=eval_data_dirs(data_path, names),
-            include_path=eval_cfg["include_path"], limit=eval_cfg["limit"], batch_size=eval_cfg["batch_size"],
-            num_fewshot=eval_cfg["num_fewshot"], apply_chat_template=eval_cfg.get("apply_chat_template", False),
-            fewshot_as_multiturn=eval_cfg.get("fewshot_as_multiturn", False),
-            system_instruction=eval_cfg.get("system_instruction"), device=str(device),
-        )
-    accuracy, stderr = primary_figure(out["tasks"], eval_aggregate(eval_cfg))
-    metrics = {f"{prefix}accuracy": accuracy, f"{prefix}accuracy_stderr": stderr,
-               f"{prefix}n": float(sum(t["n"] for t in out["tasks"].values()))}
-    for name, one in out["tasks"].items():
-        metrics.update(task_metrics(name, one["raw"], prefix if prefix == "eval/" else prefix.rstrip("_") + "/"))
-    metrics[f"{prefix}wall_s"] = time.perf_counter() - started
-    return metrics, out
+def evaluate(trial: Trial, eval_cfg: dict[str, Any], data_path: Any) -> Scores:
+    """The trained model's scores: the held-out loss first (it puts the scaling state back, so
+    what lm-eval scores next is what it would be without it), then lm-eval on every task."""
+    loss_metrics, loss_rows = heldout_metrics(trial, eval_cfg)
+    eval_metrics, out = score_tasks(trial.model, trial.tokenizer, eval_cfg, data_path, trial.device)
+    return Scores({**loss_metrics, **eval_metrics}, loss_rows, out, eval_aggregate(eval_cfg))
 
 
-def eval_aggregate(eval_cfg: dict[str, Any]) -> str:
-    """What ``eval/accuracy`` aggregates over several tasks (``eval.primary``, default the mean)."""
-    return eval_cfg.get("primary") or PRIMARY_MEAN
+def export(trial: Trial, trained: TrainResult, metrics: dict[str, float], scores: Scores | None,
+           keep_adapter: bool) -> Outcome:
+    """What the run keeps: status and reason, every metric, the telemetry rows, the scores and,
+    for a trial that finished (with ``tracking.log_adapter``), the trained LoRA adapter."""
+    status, reason, stopped = trained.status, "", None
+    if status == "DIVERGED":
+        reason = f"non-finite loss at step {trained.diverged_step}"
+    elif status == STATUS_STOPPED_EARLY:
+        reason, stopped = f"stopped early at step {trained.steps_done}: {trained.verdict}", trained.steps_done
+    metrics = {**metrics, **(scores.metrics if scores else {}),
+               "train/tokens_per_epoch": float(trial.train_data.attention_mask.sum())}
+    adapter = (ADAPTER_ARTIFACT, functools.partial(save_adapter, trial.model)) if status == "FINISHED" and keep_adapter else None
+    return Outcome(status, reason, metrics, trained.steps_done, trained.verdict, trained.diverged_step, stopped,
+                   trained.telemetry_rows, scores, adapter)

@@ -13,35 +13,29 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from fp8lab_conf.contracts import (
-    METRIC_LOADAVG_END, METRIC_LOADAVG_START, METRIC_QUEUE_S, METRIC_TRIAL_WALL_S, STATUS_STOPPED_EARLY, TrialLaunch,
-)
+from fp8lab_conf.contracts import METRIC_QUEUE_S, METRIC_TRIAL_WALL_S, TrialLaunch
 from workloads import recipe
-from workloads.eval.metrics import safe_name
-from workloads.export.adapter import ADAPTER_ARTIFACT, save_adapter
 from workloads.precision.ladder import ladder_tags
 from workloads.record.recorder import TrialRecorder
-from workloads.record.reference import mlflow_reference
-from workloads.train.faults import FaultInjector
-from workloads.train.loop import ProgressFn, run_training
-from workloads.train.step_clock import load_average
 
 log = logging.getLogger("fp8lab.trial")
 
 
-def run_trial(ctx: TrialLaunch, progress: ProgressFn | None = None) -> dict[str, Any]:
+def run_trial(ctx: TrialLaunch, progress: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run one trial and return the result dict of docs/contracts.md (also logged as result.json)."""
     config = ctx.config
-    recorder = TrialRecorder(ctx.tracking_uri, ctx.run_id)
-    log_path, handler = _capture_log()
     result = _result_skeleton(config, ctx)
+    log_path, handler = _capture_log()
+    recorder = TrialRecorder(ctx.tracking_uri, ctx.run_id)
     started = time.perf_counter()
     try:
         recorder.start(float(config["tracking"].get("system_metrics_interval_s", 0)))
         result["metrics"][METRIC_QUEUE_S] = recorder.queue_seconds()
-        _run(config, ctx, recorder, result, progress)
+        outcome = recipe.run(config, _Hooks(config, recorder, result), ctx.trial_id, ctx.run_id, progress)
+        _put_together(result, outcome)
+        _record_end(recorder, outcome)
     except Exception as exc:  # noqa: BLE001 - any failure becomes a FAILED result
         log.error("trial failed:\n%s", traceback.format_exc())
         result.update(status="FAILED", reason=f"{type(exc).__name__}: {exc}")
@@ -56,11 +50,13 @@ def run_trial(ctx: TrialLaunch, progress: ProgressFn | None = None) -> dict[str,
     return result
 
 
-class _SetupRecord:
-    """What the trial writes down while the recipe sets up (recipe.SetupHooks)."""
+class _Hooks:
+    """The recipe's hooks (``recipe.RunHooks``): the recorder writes each setup stage down as it
+    happens, and the result notes what ran, so a trial that fails later still says so."""
 
     def __init__(self, config: dict[str, Any], recorder: TrialRecorder, result: dict[str, Any]) -> None:
         self.config, self.recorder, self.result = config, recorder, result
+        self.logger = recorder.logger  # the training loop's and the health monitor's writer
 
     def on_device(self, device: Any) -> None:
         self.result["device"] = recipe.device_name(device)
@@ -74,45 +70,31 @@ class _SetupRecord:
         self.recorder.setup(self.config, self.result["device"], trial.choice, handle, policy,
                             ladder_tags(policy.ladder, policy.ladder_base, policy.mechanism))
 
+    def flush_at_checkpoints(self) -> None:
+        self.recorder.flush_at_checkpoints()
 
-def _run(config: dict[str, Any], ctx: TrialLaunch, recorder: TrialRecorder,
-         result: dict[str, Any], progress: ProgressFn | None) -> None:
-    trial = recipe.setup(config, _SetupRecord(config, recorder, result))
-    faults = FaultInjector(config.get("fault"))
-    checkpointer = recipe.setup_checkpointer(config["train"], ctx.trial_id, ctx.run_id)
-    if checkpointer:
-        recorder.logger.flush_every = 10**9  # metrics at checkpoints only: a resume re-logs exactly the lost steps
-    health_cfg = recipe.HealthSettings.from_config(config["health"], config["sweep"].get("early_stop", False))
-    health = recipe.setup_health(health_cfg, trial, mlflow_reference(ctx.tracking_uri, ctx.run_id, health_cfg.reference_policy),
-                                 recorder.logger)
-    load_start = load_average()
-    train = run_training(trial.model, trial.handle, trial.telemetry, trial.batches, trial.settings, recorder.logger,
-                         progress, before_step=faults.before_step, checkpointer=checkpointer, health=health,
-                         heldout=recipe.loss_curve(trial, config["eval"]))
-    if checkpointer:
-        checkpointer.remove()  # training is over: the checkpoint has served its purpose
-    metrics = {**trial.base_metrics, **recipe.train_metrics(train, trial),
-               METRIC_LOADAVG_START: load_start, METRIC_LOADAVG_END: load_average()}
-    if train.status == "DIVERGED":
-        result.update(status="DIVERGED", reason=f"non-finite loss at step {train.diverged_step}",
-                      diverged_step=train.diverged_step)
-    elif train.status == STATUS_STOPPED_EARLY:  # no evaluation: that is the compute early stop saves
-        result.update(status=STATUS_STOPPED_EARLY, reason=f"stopped early at step {train.steps_done}: {train.verdict}",
-                      stopped_step=train.steps_done)
-    else:
-        loss_metrics, loss_rows = recipe.heldout_metrics(trial, config["eval"])
-        recorder.heldout(loss_rows)
-        metrics.update(loss_metrics)
-        eval_metrics, out = recipe.evaluate(trial.model, trial.tokenizer, config["eval"], config["data"]["path"], trial.device)
-        recorder.eval(out, recipe.eval_aggregate(config["eval"]), safe_name)
-        metrics.update(eval_metrics)
-    metrics["train/tokens_per_epoch"] = float(trial.train_data.attention_mask.sum())
-    if train.verdict:
-        result["health"] = train.verdict
-    result["metrics"].update(metrics)
-    keep_adapter = result["status"] == "FINISHED" and config["tracking"].get("log_adapter", True)
-    recorder.end(metrics, train.steps_done, train.telemetry_rows,
-                 adapter=(ADAPTER_ARTIFACT, lambda folder: save_adapter(trial.model, folder)) if keep_adapter else None)
+    def reference(self, policy: str) -> Callable[[int], float | None]:
+        return self.recorder.reference(policy)
+
+
+def _put_together(result: dict[str, Any], outcome: recipe.Outcome) -> None:
+    """The recipe's outcome into the result of docs/contracts.md."""
+    result.update(status=outcome.status, reason=outcome.reason)
+    if outcome.diverged_step is not None:
+        result["diverged_step"] = outcome.diverged_step
+    if outcome.stopped_step is not None:
+        result["stopped_step"] = outcome.stopped_step
+    if outcome.verdict:
+        result["health"] = outcome.verdict
+    result["metrics"].update(outcome.metrics)
+
+
+def _record_end(recorder: TrialRecorder, outcome: recipe.Outcome) -> None:
+    """The run's final records, in the order a reader finds them: scores, then metrics and files."""
+    if outcome.scores is not None:
+        recorder.heldout(outcome.scores.heldout_rows)
+        recorder.eval(outcome.scores.lm_eval, outcome.scores.aggregate)
+    recorder.end(outcome.metrics, outcome.steps_done, outcome.telemetry_rows, adapter=outcome.adapter)
 
 
 def _result_skeleton(config: dict[str, Any], ctx: TrialLaunch) -> dict[str, Any]:

@@ -26,8 +26,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "health": {"precision"},
     "record": {"data", "eval"},  # run inputs: where the training rows came from, which tasks scored
     "export": {"embedded", "model", "precision", "record"},
-    "recipe": {"data", "model", "train", "eval", "precision", "health", "embedded"},
-    "trial": {"recipe", "record", "eval", "export", "precision", "train"},
+    "recipe": {"data", "model", "train", "eval", "precision", "health", "embedded", "export"},
+    "trial": {"recipe", "record", "precision"},  # the lifecycle only (+ the ladder tags of what ran)
     "entry": {"trial"},
     "preflight": {"data", "model", "eval", "precision", "embedded", "health"},
     "bench": {"recipe", "train", "data"},  # the paired speed probe: trials set up by the spine, run in chunks

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workloads.eval.metrics import (PRIMARY_MEAN, TaskInfo, available, configured_tasks, eval_data_dirs,
+from workloads.eval.metrics import (PRIMARY_MEAN, TaskInfo, available, configured_tasks, eval_aggregate, eval_data_dirs,
                                     resolve_primary)
 
 GENERATIVE = "generate_until"
@@ -106,7 +106,7 @@ def _check_cross_task(infos: dict[str, TaskInfo], ev: dict[str, Any], loaded_all
     names = ", ".join(infos)
     problems = [f"eval.metrics.{name}: {name} is not an evaluated task ({names}) (fix: name a task of eval.tasks)"
                 for name in (ev.get("metrics") or {}) if name not in infos]
-    primary = ev.get("primary") or PRIMARY_MEAN
+    primary = eval_aggregate(ev)
     if primary != PRIMARY_MEAN and primary not in infos:
         return problems + [f"eval.primary: must be {PRIMARY_MEAN} or an evaluated task ({names}), got {primary!r} "
                            f"(fix: eval.primary={PRIMARY_MEAN})"]

@@ -58,6 +58,11 @@ def configured_tasks(eval_cfg: Mapping[str, Any]) -> list[str]:
     return [str(eval_cfg.get("task") or EMBEDDED_TASK)]
 
 
+def eval_aggregate(eval_cfg: Mapping[str, Any]) -> str:
+    """What ``eval/accuracy`` aggregates over several tasks (``eval.primary``, default the mean)."""
+    return eval_cfg.get("primary") or PRIMARY_MEAN
+
+
 def eval_data_dirs(data_path: str, tasks: Sequence[str]) -> dict[str, str]:
     """{task: data_dir}: the embedded task's template scores a user's own JSONL folder (its
     test.jsonl) when `data.path` is one; every other task brings its own data."""

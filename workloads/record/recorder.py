@@ -1,7 +1,9 @@
 """A trial's MLflow run as one object with lifecycle hooks (after Ray's ``MLflowLoggerCallback``).
 
-The recipe calls ``start`` -> ``inputs`` -> ``setup`` -> (the training loop writes through
-``logger``) -> ``eval`` -> ``end`` -> ``close``; nothing else in a trial talks to MLflow. The run
+The trial calls ``start``, runs the recipe (whose hooks call ``inputs`` and ``setup`` as the
+stages happen; the training loop and the health monitor write through ``logger``), then
+``heldout`` -> ``eval`` -> ``end`` with what the recipe returned, and ``close``; nothing else in
+a trial talks to MLflow. The run
 itself was created by the orchestrator, so a retried trial writes into the run it was given.
 Every name written here is a constant of ``fp8lab_conf.contracts`` (docs/contracts.md).
 """
@@ -24,7 +26,9 @@ from fp8lab_conf.contracts import (
     TAG_EVAL_PRIMARY, TAG_HOST, TAG_POLICY_VERSION, TAG_RAY_NODE_ID, TAG_RAY_RESOURCES, TAG_REASON, TAG_STATUS,
     TAG_STOPPED_EARLY, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, METRIC_QUEUE_S, METRIC_STEPS_DONE, METRIC_TRIAL_WALL_S,
 )
+from workloads.eval.metrics import safe_name
 from workloads.record.logger import MlflowTrialLogger, SystemMetrics, write_parquet
+from workloads.record.reference import mlflow_reference
 from workloads.record.run_inputs import run_inputs
 
 log = logging.getLogger("fp8lab.trial")
@@ -78,13 +82,22 @@ class TrialRecorder:
     def step(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.log_step(step, metrics)
 
+    def flush_at_checkpoints(self) -> None:
+        """Metrics reach the store at checkpoints only (the loop flushes before each), so a
+        resumed trial re-logs exactly the steps its lost worker had not checkpointed."""
+        self.logger.flush_every = 10**9
+
+    def reference(self, policy: str) -> Callable[[int], float | None]:
+        """step -> the reference trial's train/loss at that step (the health verdict's lookup)."""
+        return mlflow_reference(self.tracking_uri, self.run_id, policy)
+
     # -- eval ---------------------------------------------------------------------------------
     def heldout(self, rows: list[dict[str, float]]) -> None:
         """The held-out loss per row (`eval/loss_rows.jsonl`), for the report's pairing on rows."""
         if rows:
             self.logger.log_text("".join(json.dumps(row) + "\n" for row in rows), LOSS_ROWS_ARTIFACT)
 
-    def eval(self, out: dict[str, Any], aggregate: str, safe_name: Any) -> None:
+    def eval(self, out: dict[str, Any], aggregate: str) -> None:
         """lm-eval's per-item samples and results as artifacts; tags say which metric of each
         task is its primary one and what eval/accuracy aggregates."""
         primaries = {safe_name(name): one["primary"] for name, one in out["tasks"].items()}

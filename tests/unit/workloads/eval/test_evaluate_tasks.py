@@ -122,8 +122,8 @@ class _Recorder:
 def test_trial_evaluation_names_metrics_and_writes_samples(tiny, task_dir):
     """The trial's eval step: eval/accuracy is the named task's primary, every task's metrics are
     logged (under eval/base/ before training), samples and tags go to the run."""
-    from workloads import recipe
-    from workloads.eval.metrics import safe_name
+    from workloads.eval.metrics import eval_aggregate
+    from workloads.eval.score import score_tasks
     from workloads.record.recorder import TrialRecorder
 
     model, tokenizer = tiny
@@ -132,13 +132,13 @@ def test_trial_evaluation_names_metrics_and_writes_samples(tiny, task_dir):
           "fewshot_as_multiturn": False, "system_instruction": None}
     config = {"eval": ev, "data": {"path": "embedded"}}
     recorder = _Recorder()
-    final, out = recipe.evaluate(model, tokenizer, config["eval"], config["data"]["path"], torch.device("cpu"))
-    TrialRecorder("unused", "run", logger=recorder).eval(out, recipe.eval_aggregate(config["eval"]), safe_name)
+    final, out = score_tasks(model, tokenizer, config["eval"], config["data"]["path"], torch.device("cpu"))
+    TrialRecorder("unused", "run", logger=recorder).eval(out, eval_aggregate(config["eval"]))
     assert final["eval/accuracy"] == final[f"eval/{GEN}/exact_match.strict-match"] and final["eval/n"] == 6
     assert {f"eval/{MC}/acc", f"eval/{MC}/acc_norm", f"eval/{GEN}/exact_match.flexible-extract"} <= set(final)
     assert json.loads(recorder.tags["fp8lab.eval_primary"]) == {MC: "acc", GEN: "exact_match.strict-match"}
     assert recorder.tags["fp8lab.eval_aggregate"] == GEN
     assert set(recorder.files) == {f"eval/samples/{MC}.jsonl", f"eval/samples/{GEN}.jsonl", "eval/results.json"}
     assert len(recorder.files[f"eval/samples/{GEN}.jsonl"].splitlines()) == 3
-    base, _ = recipe.evaluate(model, tokenizer, config["eval"], config["data"]["path"], torch.device("cpu"), prefix="eval/base_")
+    base, _ = score_tasks(model, tokenizer, config["eval"], config["data"]["path"], torch.device("cpu"), prefix="eval/base_")
     assert "eval/base_accuracy" in base and f"eval/base/{MC}/acc" in base and not any(k.startswith("eval/tiny") for k in base)

@@ -37,7 +37,7 @@ def test_ladder_tags(name, expected):
     handle = SimpleNamespace(backend="emulated", emulated=True, plan=[], deviations=[])
     built = SimpleNamespace(handle=handle, policy=policy, choice=SimpleNamespace(reason="asked for"))
     result = {"device": "cpu"}
-    trial._SetupRecord({"seed": 0}, TrialRecorder("unused", "run", logger=logger), result).on_precision(built)
+    trial._Hooks({"seed": 0}, TrialRecorder("unused", "run", logger=logger), result).on_precision(built)
     assert result["backend"] == "emulated" and result["deviations"] == []
     tags = logger.tags
     assert (tags[TAG_LADDER], tags[TAG_LADDER_BASE], tags[TAG_MECHANISM]) == expected
