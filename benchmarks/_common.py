@@ -181,8 +181,8 @@ def build_trial(
         model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
     else:
         model, tokenizer = wide_model(paths.model_dir, hidden, layers)
-    train_data = recipe.setup_data(config["data"], config["train"]["max_seq_len"], tokenizer, paths.data_dir)
     model = attach_lora(model, config["lora"], seed)
+    train_data = recipe.setup_data(config["data"], config["train"]["max_seq_len"], tokenizer, paths.data_dir)
     base_norms = base_weight_norms(model) if health else None  # before the backend converts the base layers
     pol, telem = recipe.setup_policy(recipe.PrecisionSettings.from_config(config["precision"]))
     choice, handle = recipe.setup_backend(model, pol, telem, backend, device)
