@@ -14,9 +14,6 @@ from fp8lab_conf.contracts import TAG_EXPORT_FORMAT, TAG_POLICY, TAG_SEED, TAG_S
 from orchestrator.errors import UserInputError
 from workloads.export.run import FORMATS  # torch-free module: the names only
 
-EXPORT_ARTIFACT = "export"
-
-
 def add_export_parser(sub: Any) -> None:
     export = sub.add_parser("export", help="write a finished trial's adapter, merged model or FP8 checkpoint",
                             description="Export a FINISHED trial: --format adapter (PEFT folder), merged (BF16 "
@@ -64,7 +61,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UserInputError(str(exc)) from None
     print(result.summary())
     if args.register:
-        version = register_export(client, run_id, result.out_dir, args.format, args.register)
+        version = register_export(client, uri, run_id, result.out_dir, args.format, args.register)
         print(f"registered as model '{args.register}' version {version} in {uri}")
     return 0
 
@@ -81,20 +78,23 @@ def _best_run_id(client: Any, args: argparse.Namespace) -> str:
     return choice.run_id
 
 
-def register_export(client: Any, run_id: str, folder: Path, fmt: str, name: str) -> str:
-    """Log `folder` under the run's `export/<fmt>/` artifacts and register it as a new version of
-    model `name`, tagged with the trial's sweep, policy, seed and trial id and the format."""
+def register_export(client: Any, uri: str, run_id: str, folder: Path, fmt: str, name: str) -> str:
+    """Log `folder` under the trial's run as an MLflow `transformers` model (loadable with
+    `mlflow.transformers.load_model` and `mlflow.pyfunc.load_model`) and register it as a new
+    version of model `name`, tagged with the trial's sweep, policy, seed and trial id and the format."""
+    import mlflow
     from mlflow.exceptions import MlflowException
 
+    from workloads.export.run import log_export_model  # the training stack: only when registering
+
     run = client.get_run(run_id)
-    artifact_dir = f"{EXPORT_ARTIFACT}/{fmt}"
-    client.log_artifacts(run_id, str(folder), artifact_dir)
+    model_uri = log_export_model(uri, run_id, folder, fmt)
     try:
         client.create_registered_model(name, description="Fine-tuned with fp8lab (LoRA under a precision policy).")
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     tags = {key: run.data.tags.get(key, "") for key in (TAG_SWEEP_ID, TAG_POLICY, TAG_SEED, TAG_TRIAL_ID)}
-    version = client.create_model_version(name, f"{run.info.artifact_uri}/{artifact_dir}", run_id=run_id,
-                                          tags={**tags, TAG_EXPORT_FORMAT: fmt})
+    mlflow.set_registry_uri(uri)
+    version = mlflow.register_model(model_uri, name, tags={**tags, TAG_EXPORT_FORMAT: fmt})
     return str(version.version)
