@@ -76,6 +76,9 @@ TAG_COLUMNS = {
 }
 TELEMETRY_KINDS = ("activation", "weight", "dgrad", "wgrad", "lora_weight")
 TEL_PREFIX = "tel."
+# An underflow event is a cast at or above this share flushed (docs/telemetry.md); the report's
+# "underflow events" column says the threshold, or a 0 reads as "no underflow" next to heatmaps.
+UNDERFLOW_THRESHOLD_PARAM = "precision.telemetry.underflow_threshold_pct"
 """`tel.<kind>.underflow_pct` / `tel.<kind>.overflow_pct`: the last logged per-kind mean over layers."""
 TASK_PREFIX = "task."
 """`task.<task>/<metric>` (and `..._stderr`): every per-task metric lm-eval returned (`eval/<task>/<metric>`)."""
@@ -179,6 +182,7 @@ def tidy_runs(raw: pd.DataFrame, options: ReportOptions | None = None) -> pd.Dat
         out[TASK_PREFIX + col[len("metrics.eval/") :]] = _num_col(raw, col)
     out["tokens_per_epoch"] = _tokens_per_epoch(raw, options)
     out["train_steps"] = _num_col(raw, "params.train.steps")
+    out["underflow_threshold_pct"] = _num_col(raw, "params." + UNDERFLOW_THRESHOLD_PARAM)
     for col in sorted(c for c in raw.columns if c.startswith(AXIS_TAG_PREFIX)):
         out[AXIS_PREFIX + col[len(AXIS_TAG_PREFIX) :]] = _str_col(raw, col)
     return out.reset_index(drop=True)

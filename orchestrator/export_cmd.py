@@ -14,6 +14,8 @@ from fp8lab_conf.contracts import TAG_EXPORT_FORMAT, TAG_POLICY, TAG_SEED, TAG_S
 from orchestrator.errors import UserInputError
 from workloads.export.run import FORMATS  # torch-free module: the names only
 
+EXPORT_ARTIFACT = "export"
+
 def add_export_parser(sub: Any) -> None:
     export = sub.add_parser("export", help="write a finished trial's adapter, merged model or FP8 checkpoint",
                             description="Export a FINISHED trial: --format adapter (PEFT folder), merged (BF16 "
@@ -80,8 +82,9 @@ def _best_run_id(client: Any, args: argparse.Namespace) -> str:
 
 def register_export(client: Any, uri: str, run_id: str, folder: Path, fmt: str, name: str) -> str:
     """Log `folder` under the trial's run as an MLflow `transformers` model (loadable with
-    `mlflow.transformers.load_model` and `mlflow.pyfunc.load_model`) and register it as a new
-    version of model `name`, tagged with the trial's sweep, policy, seed and trial id and the format."""
+    `mlflow.transformers.load_model` and `mlflow.pyfunc.load_model`; fp8-block128: as an artifact
+    folder, see `log_export_model`) and register it as a new version of model `name`, tagged with
+    the trial's sweep, policy, seed and trial id and the format."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -89,12 +92,16 @@ def register_export(client: Any, uri: str, run_id: str, folder: Path, fmt: str, 
 
     run = client.get_run(run_id)
     model_uri = log_export_model(uri, run_id, folder, fmt)
+    if model_uri is None:
+        client.log_artifacts(run_id, str(folder), f"{EXPORT_ARTIFACT}/{fmt}")
+        model_uri = f"{run.info.artifact_uri}/{EXPORT_ARTIFACT}/{fmt}"
     try:
         client.create_registered_model(name, description="Fine-tuned with fp8lab (LoRA under a precision policy).")
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     tags = {key: run.data.tags.get(key, "") for key in (TAG_SWEEP_ID, TAG_POLICY, TAG_SEED, TAG_TRIAL_ID)}
+    if not model_uri.startswith("models:/"):
+        return str(client.create_model_version(name, model_uri, run_id=run_id, tags={**tags, TAG_EXPORT_FORMAT: fmt}).version)
     mlflow.set_registry_uri(uri)
-    version = mlflow.register_model(model_uri, name, tags={**tags, TAG_EXPORT_FORMAT: fmt})
-    return str(version.version)
+    return str(mlflow.register_model(model_uri, name, tags={**tags, TAG_EXPORT_FORMAT: fmt}).version)

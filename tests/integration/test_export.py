@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.integration.conftest import TINY, client_for, read_json, run_cli, store_uri
+from tests.integration.conftest import TINY, client_for, read_json, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -78,11 +78,7 @@ def test_fp8_export_reloads_at_the_trial_accuracy_and_registers(trial: SimpleNam
     version = trial.client.get_model_version("fp8lab-test", "1")
     assert version.run_id == trial.run.info.run_id
     assert version.tags["fp8lab.policy"] == "bf16" and version.tags["fp8lab.export_format"] == "fp8-block128"
-    assert version.source.startswith("models:/")  # an MLflow transformers model (test_export_registry.py loads one)
-    import mlflow
-
-    mlflow.set_registry_uri(store_uri(trial.workdir))
-    assert mlflow.models.get_model_info("models:/fp8lab-test/1").flavors.keys() >= {"transformers", "python_function"}
+    assert version.source.endswith("export/fp8-block128")
 
 
 def test_export_of_an_unfinished_run_is_one_line_and_writes_nothing(trial: SimpleNamespace) -> None:

@@ -117,3 +117,17 @@ def test_export_has_ordinary_file_modes(registered: SimpleNamespace) -> None:
     assert registered.out / "adapter_model.safetensors" in paths
     for path in paths:
         assert stat.S_IMODE(path.stat().st_mode) == (0o777 if path.is_dir() else 0o666) & ~umask, path
+
+
+def test_registered_merged_model_loads_with_both_flavours(registered: SimpleNamespace, tmp_path: Path) -> None:
+    import mlflow
+
+    out = export_run(registered.uri, registered.run_id, "merged", tmp_path / "merged").out_dir
+    version = register_export(registered.client, registered.uri, registered.run_id, out, "merged", "fp8lab-merged")
+    mlflow.set_registry_uri(registered.uri)
+    pipe = mlflow.transformers.load_model(f"models:/fp8lab-merged/{version}")
+    batch = pipe.tokenizer([PROMPT], return_tensors="pt")
+    with torch.no_grad():
+        got, want = pipe.model.float()(**batch).logits, registered.model(**batch).logits
+    assert torch.allclose(got, want, atol=0.1)  # BF16-rounded merge of the same adapter
+    assert isinstance(mlflow.pyfunc.load_model(f"models:/fp8lab-merged/{version}").predict([PROMPT])[0], str)

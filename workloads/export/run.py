@@ -173,25 +173,32 @@ def give_default_modes(folder: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
-def log_export_model(tracking_uri: str, run_id: str, out_dir: Path, fmt: str) -> str:
+def log_export_model(tracking_uri: str, run_id: str, out_dir: Path, fmt: str) -> str | None:
     """Log the export in `out_dir` under run `run_id` as an MLflow `transformers` model (an adapter
-    PEFT-aware, with its base model reference); returns the model URI to register."""
+    PEFT-aware, with its base model reference); returns the model URI to register, or None for
+    fp8-block128: MLflow logs a checkpoint folder as it is only through its local-checkpoint path,
+    which fails under transformers 5 (mlflow 3.17: `check_task(...)["impl"].__name__` on a str),
+    and loading the folder to log it would dequantize the FP8 weights it exists for."""
+    if fmt == "fp8-block128":
+        return None
+    from workloads.export.adapter import load_with_adapter
     from workloads.record.model_log import log_transformers_model
     from workloads.record.store import store_client
 
-    client = store_client(tracking_uri)
     with tempfile.TemporaryDirectory(prefix="fp8lab-export-") as scratch:
-        config = _run_config(client, run_id, Path(scratch))
+        config = _run_config(store_client(tracking_uri), run_id, Path(scratch))
     card = (out_dir / "README.md").read_text()
-    example = "Question: which is larger, 3 or 7? Answer:"
-    if fmt != "adapter":
-        return log_transformers_model(tracking_uri, run_id, str(out_dir), None, card, example)
-    from workloads.export.adapter import load_with_adapter
-
     base_path, trust = base_model_path(config)
-    model, tokenizer = load_with_adapter(base_path, out_dir, trust_remote_code=trust)
-    local_base = base_path if Path(base_path).exists() else None
-    return log_transformers_model(tracking_uri, run_id, {"model": model, "tokenizer": tokenizer}, local_base, card, example)
+    if fmt == "adapter":
+        model, tokenizer = load_with_adapter(base_path, out_dir, trust_remote_code=trust)
+        local_base = base_path if Path(base_path).exists() else None
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(str(out_dir), trust_remote_code=trust)
+        tokenizer, local_base = AutoTokenizer.from_pretrained(str(out_dir), trust_remote_code=trust), None
+    return log_transformers_model(tracking_uri, run_id, {"model": model, "tokenizer": tokenizer}, local_base, card,
+                                  "Question: which is larger, 3 or 7? Answer:")
 
 
 def folder_bytes(folder: Path) -> int:

@@ -3,8 +3,8 @@ version loads with `mlflow.transformers.load_model` and `mlflow.pyfunc.load_mode
 
 A LoRA adapter is logged the PEFT-aware way MLflow documents: only the adapter and the tokenizer
 are stored, with a reference to the base model (a hub id, or a local folder through
-`base_model_path`, which `load_model(..., base_model_path=...)` can repoint on another machine).
-Merged and fp8-block128 folders are logged as local checkpoints (copied as they are). The pip
+`base_model_path`, which `load_model(..., base_model_path=...)` can repoint on another machine);
+a merged model is logged whole. The pip
 requirements are the installed versions, given explicitly: MLflow's own guess adds torchvision,
 which a text model does not need (and which is not installed here).
 """
@@ -20,7 +20,7 @@ _REQUIREMENTS = ("torch", "transformers", "peft", "accelerate", "safetensors")
 
 def log_transformers_model(tracking_uri: str, run_id: str, model: Any, base_model_path: str | None,
                            card: str, example: str) -> str:
-    """Log `model` ({"model": PeftModel, "tokenizer": ...} or a checkpoint folder path) under run
+    """Log `model` ({"model": a PeftModel or a transformers model, "tokenizer": ...}) under run
     `run_id`; returns the model URI to register. `base_model_path`: the local base folder of a PEFT
     model (None for a hub id, which MLflow records with its revision)."""
     import mlflow
@@ -29,18 +29,8 @@ def log_transformers_model(tracking_uri: str, run_id: str, model: Any, base_mode
     mlflow.set_tracking_uri(tracking_uri)
     info = mlflow.transformers.log_model(
         model, name=MODEL_ARTIFACT, task=TASK, run_id=run_id, model_card=ModelCard(card), input_example=[example],
-        base_model_path=base_model_path, pip_requirements=_pinned(),
-        signature=None if not isinstance(model, str) else _text_signature())
-    return info.model_uri
-
-
-def _text_signature() -> Any:
-    """string in, string out: what MLflow infers for a text-generation pipeline (a checkpoint folder
-    is not loaded at log time, so nothing is inferred for it)."""
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, Schema
-
-    return ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]))
+        base_model_path=base_model_path, pip_requirements=_pinned())
+    return info.model_uri  # the signature (string -> string) is inferred from the example
 
 
 def _pinned() -> list[str]:
