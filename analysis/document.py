@@ -219,6 +219,10 @@ def problem_runs_table(trials: pd.DataFrame, statuses: Sequence[str]) -> pd.Data
 
 def _scope_text(inp: ReportInputs) -> str:
     ref = inp.ref
+    if ref.parts:
+        return (f"{len(ref.parts)} sweeps / experiments combined (experiments {ref.experiment_name}; sweeps "
+                + ", ".join(f"`{s}`" for s in ref.sweep_ids) + "); recipe settings that differ between them "
+                "(model, data, eval task, LoRA, training) are axes, so every comparison stays within one of them")
     if ref.all_runs:
         sweeps = ", ".join(f"`{s}`" for s in ref.sweep_ids) or "none tagged"
         return (
@@ -531,5 +535,5 @@ def build_document(inp: ReportInputs) -> Document:
     blocks += statistics_blocks(inp)
     title = "fp8lab report — " + (inp.ref.experiment_name or "experiment")
     if not inp.ref.all_runs and inp.ref.sweep_ids:
-        title += f" / sweep {inp.ref.sweep_ids[0]}"
+        title += f" / sweep {', '.join(inp.ref.sweep_ids)}"
     return Document(title, blocks)

@@ -48,11 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "range() and glob() as sweep axes")
     sweep.add_argument("--force", action="store_true", help="rerun trials that already FINISHED in this experiment")
     report = sub.add_parser("report", help="write the quality-vs-speed report from MLflow")
-    report.add_argument("--experiment", help="MLflow experiment (default: sweep.name)")
+    report.add_argument("--experiment", action="append", default=[],
+                        help="MLflow experiment (default: sweep.name); repeat to combine experiments in one report")
     group = report.add_mutually_exclusive_group()
-    group.add_argument("--sweep", dest="sweep_id", help="sweep id to report (default: the latest sweep)")
+    group.add_argument("--sweep", dest="sweep_id", action="append", default=[],
+                       help="sweep id to report (default: the latest sweep); repeat to combine sweeps in one report "
+                            "(each policy is compared with the baseline of the same model, task and recipe)")
     group.add_argument("--all", action="store_true", help="report every trial run in the experiment")
     report.add_argument("--out", help="output folder (default: fp8lab-report/<sweep_id>)")
+    report.add_argument("--no-log", action="store_true",
+                        help="leave the MLflow store untouched: no report/ artifacts, no closing of lost runs")
     _add_hydra_args(report, cfg=False)
     from orchestrator.bench_cmd import add_bench_parser
     from orchestrator.export_cmd import add_export_parser
@@ -210,15 +215,19 @@ def _report_after_sweep(plan: Any, out: Any) -> None:
     out.print(f"Report: {result.report_html} (also report.md, summary.csv, figures/; {where})")
 
 
-def _run_report(config: dict[str, Any], uri: str, experiment: str | None, sweep_id: str | None, all_runs: bool,
-                out_dir: str | None, generate: Callable[..., Any]) -> Any:
+def _run_report(config: dict[str, Any], uri: str, experiment: str | list[str] | None, sweep_id: str | list[str] | None,
+                all_runs: bool, out_dir: str | None, generate: Callable[..., Any], log: bool = True) -> Any:
+    from dataclasses import replace
+
     from analysis.errors import ReportError
     from analysis.options import ReportOptions
 
     rep = config["report"]
-    target = Path(out_dir or rep["out"] or f"fp8lab-report/{sweep_id or ('all' if all_runs else 'latest')}")
+    sweeps = [sweep_id] if isinstance(sweep_id, str) else list(sweep_id or [])
+    target = Path(out_dir or rep["out"] or f"fp8lab-report/{'+'.join(sweeps) or ('all' if all_runs else 'latest')}")
     try:
         options = ReportOptions.from_mapping(rep, ignore=["out"])
+        options = options if log else replace(options, log_to_mlflow=False)
         return generate(tracking_uri=uri, experiment=experiment, sweep_id=sweep_id, all_runs=all_runs,
                         out_dir=target, options=options)
     except ReportError as exc:
@@ -245,11 +254,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     config = _composed(args)
     uri = absolute_uri(config["tracking"]["uri"])
-    experiment = args.experiment or (config["sweep"]["name"] if args.all else None)
-    _close_lost_drivers(uri, experiment)
-    result = _run_report(config, uri, experiment, args.sweep_id, args.all, args.out, generate_report)
+    experiments = args.experiment or ([config["sweep"]["name"]] if args.all else [])
+    if not args.no_log:  # --no-log: the report only reads
+        for experiment in experiments or [None]:
+            _close_lost_drivers(uri, experiment)
+    result = _run_report(config, uri, experiments, args.sweep_id, args.all, args.out, generate_report, not args.no_log)
+    logged = "logged to the sweep's parent run" if result.logged_to_run_id else "not logged to MLflow"
     print(f"Report written to {result.out_dir}: report.html, report.md, summary.csv, figures/ "
-          f"({result.n_runs} trials, {result.n_counted} in the statistics)")
+          f"({result.n_runs} trials, {result.n_counted} in the statistics; {logged})")
     return 0
 
 
