@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     trial = sub.add_parser("trial", help="run one trial (a LoRA fine-tune under one precision policy)")
     _add_hydra_args(trial)
+    trial.add_argument("--force", action="store_true",
+                       help="rerun the trial even if an identical one (same trial id) already FINISHED in the experiment")
     sweep = sub.add_parser("sweep", help="run the sweep matrix on Ray (policies x seeds x other axes)")
     _add_hydra_args(sweep)
     sweep.add_argument("--dry-run", action="store_true", help="print the trials (and which would be skipped) and stop")
@@ -126,7 +128,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         return _print_cfg(config)
     from orchestrator.single_trial import run_single_trial
 
-    result = run_single_trial(config, args.overrides)
+    result = run_single_trial(config, args.overrides, args.force)
     return {"FINISHED": 0, "DIVERGED": 0, STATUS_STOPPED_EARLY: 0, "KILLED": EXIT_INTERRUPTED}.get(result["status"], EXIT_FAILED)
 
 
