@@ -1,4 +1,4 @@
-"""The `fp8lab` command: trial, sweep, report, export, ui.
+"""The `fp8lab` command: trial, sweep, report, export, ui, bench, policies.
 
 Arguments after the subcommand's flags are Hydra overrides (`lora.r=16`, `precision=fp8_naive`,
 `'+sweep.axes={train.lr:[1e-4,2e-4]}'`). Bad input exits with code 2 and one line per problem,
@@ -30,14 +30,19 @@ EPILOG = """examples:
   fp8lab ui
   fp8lab bench precision=bf16,fp8_protected     # paired speed probe: step-time ratios to bf16 with CIs
   fp8lab trial --cfg job                        # print the composed config
+  fp8lab trial --info                           # config search path, every group's options
+  fp8lab policies                               # the precision policies: name, version, ladder base
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from orchestrator.discover import groups_epilog
+
     parser = argparse.ArgumentParser(prog="fp8lab", description="LoRA fine-tunes under BF16 vs FP8 precision policies, "
-                                     "scheduled on Ray, tracked in MLflow.", epilog=EPILOG,
+                                     "scheduled on Ray, tracked in MLflow.", epilog=EPILOG + "\n" + groups_epilog(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("policies", help="list the precision policies (name, version, ladder base, description)")
     trial = sub.add_parser("trial", help="run one trial (a LoRA fine-tune under one precision policy)")
     _add_hydra_args(trial)
     trial.add_argument("--force", action="store_true",
@@ -80,7 +85,13 @@ def _add_hydra_args(parser: argparse.ArgumentParser, cfg: bool = True) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. precision=fp8_naive train.steps=100")
     parser.add_argument("--config-dir", help="your own config folder, searched before fp8lab's (Hydra search path)")
     if cfg:
-        parser.add_argument("--cfg", choices=["job", "all"], help="print the composed config and exit (like Hydra's --cfg)")
+        parser.add_argument("--cfg", choices=["job", "all", "hydra"],
+                            help="print the composed config and exit (like Hydra's --cfg; 'hydra' is refused: "
+                                 "there is no Hydra runtime config)")
+        parser.add_argument("--info", action="store_true",
+                            help="print the config search path and every config group's options, and exit")
+        parser.add_argument("-sc", "--shell-completion", metavar="ARG", help=argparse.SUPPRESS)
+        parser.add_argument("--hydra-help", action="store_true", help=argparse.SUPPRESS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,13 +103,36 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "trial": cmd_trial, "sweep": cmd_sweep, "report": cmd_report, "export": cmd_export, "ui": cmd_ui,
-        "bench": cmd_bench}
+        "bench": cmd_bench, "policies": cmd_policies}
     try:
+        _hydra_flags(args)
+        if getattr(args, "info", False):
+            from orchestrator.discover import print_info
+
+            return print_info(args.config_dir)
         return handlers[args.command](args)
     except UserInputError as exc:
         for problem in exc.problems:
             print(f"fp8lab: error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def _hydra_flags(args: argparse.Namespace) -> None:
+    """Hydra's app flags that have no meaning here are refused with the supported alternative."""
+    from orchestrator.discover import refuse
+
+    if getattr(args, "cfg", None) == "hydra":
+        refuse("--cfg hydra")
+    if getattr(args, "shell_completion", None) is not None:
+        refuse("--shell-completion")
+    if getattr(args, "hydra_help", False):
+        refuse("--hydra-help")
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    from orchestrator.discover import print_policies
+
+    return print_policies()
 
 
 def _composed(args: argparse.Namespace) -> dict[str, Any]:
