@@ -123,6 +123,10 @@ def test_registered_merged_model_loads_with_both_flavours(registered: SimpleName
     import mlflow
 
     out = export_run(registered.uri, registered.run_id, "merged", tmp_path / "merged").out_dir
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o666 & ~umask  # was 0600, in a 0700 folder
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
     version = register_export(registered.client, registered.uri, registered.run_id, out, "merged", "fp8lab-merged")
     mlflow.set_registry_uri(registered.uri)
     pipe = mlflow.transformers.load_model(f"models:/fp8lab-merged/{version}")
