@@ -91,7 +91,13 @@ def register_export(client: Any, uri: str, run_id: str, folder: Path, fmt: str, 
     from workloads.export.run import log_export_model  # the training stack: only when registering
 
     run = client.get_run(run_id)
-    model_uri = log_export_model(uri, run_id, folder, fmt)
+    try:
+        model_uri = log_export_model(uri, run_id, folder, fmt)
+    except Exception as exc:  # noqa: BLE001 - the export is on disk; say why it is not in the registry
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserInputError(f"--register: {folder} was written, but logging it as an MLflow model failed: {first} "
+                             "(fix: make the base model reachable - a hub id needs the hub once to record its "
+                             "revision - then rerun the export with --register)") from None
     if model_uri is None:
         client.log_artifacts(run_id, str(folder), f"{EXPORT_ARTIFACT}/{fmt}")
         model_uri = f"{run.info.artifact_uri}/{EXPORT_ARTIFACT}/{fmt}"

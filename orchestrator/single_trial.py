@@ -15,7 +15,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from fp8lab_conf.contracts import METRIC_ACCURACY, METRIC_ACCURACY_STDERR, METRIC_TOKENS_PER_S, RESULT_JSON, TrialLaunch
+from fp8lab_conf.contracts import METRIC_ACCURACY, METRIC_ACCURACY_STDERR, METRIC_TOKENS_PER_S, RESULT_JSON, TAG_STATUS, TrialLaunch
 from orchestrator import runs
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec, policy_label
@@ -66,10 +66,14 @@ def run_single_trial(config: dict[str, Any], overrides: list[str], force: bool =
 def _reuse_finished(client: MlflowClient, run_id: str, spec: TrialSpec, config: dict[str, Any]) -> dict[str, Any]:
     """An identical trial (same trial id) already has a complete result: say so and hand back its
     result.json (to trial.output too), as a sweep skips it; --force runs it again."""
-    print(f"trial {spec.run_name} ({spec.trial_id}) already FINISHED as MLflow run {run_id} in experiment "
+    try:
+        with tempfile.TemporaryDirectory(prefix="fp8lab-trial-") as tmp:
+            result = json.loads(Path(client.download_artifacts(run_id, RESULT_JSON, tmp)).read_text())
+    except Exception:  # noqa: BLE001 - a run without result.json (older fp8lab): its tag says the outcome
+        result = {"status": client.get_run(run_id).data.tags.get(TAG_STATUS, "FINISHED"), "policy": policy_label(config),
+                  "seed": config["seed"], "metrics": {}, "reason": "", "mlflow_run_id": run_id}
+    print(f"trial {spec.run_name} ({spec.trial_id}) already {result['status']} as MLflow run {run_id} in experiment "
           f"'{config['sweep']['name']}': not rerun (use --force to rerun it)", file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="fp8lab-trial-") as tmp:
-        result = json.loads(Path(client.download_artifacts(run_id, RESULT_JSON, tmp)).read_text())
     if config["trial"]["output"]:
         write_json_atomic(Path(config["trial"]["output"]), result)
     _print_result(result)
