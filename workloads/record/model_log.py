@@ -4,9 +4,9 @@ version loads with `mlflow.transformers.load_model` and `mlflow.pyfunc.load_mode
 A LoRA adapter is logged the PEFT-aware way MLflow documents: only the adapter and the tokenizer
 are stored, with a reference to the base model (a hub id, or a local folder through
 `base_model_path`, which `load_model(..., base_model_path=...)` can repoint on another machine);
-a merged model is logged whole. The pip
-requirements are the installed versions, given explicitly: MLflow's own guess adds torchvision,
-which a text model does not need (and which is not installed here).
+a merged model is logged whole. The pip requirements are the installed versions, given
+explicitly: MLflow's own guess adds torchvision, which a text model does not need (and which is
+not installed here).
 """
 from __future__ import annotations
 
