@@ -77,6 +77,15 @@ def _task_cells(r: pd.Series, tasks: Sequence[str], base: str, options: ReportOp
     return cells
 
 
+def underflow_events_header(summary: pd.DataFrame) -> str:
+    """The events column names its threshold: an event is a cast with at least that share of its
+    elements flushed to zero, so 0 events stands beside heatmaps of a few percent underflow."""
+    thresholds = sorted({float(t) for t in summary.get("underflow_threshold_pct", []) if fmt.ok(t)})
+    if len(thresholds) == 1:
+        return f"underflow events (casts ≥{thresholds[0]:g}% flushed)"
+    return "underflow events (casts ≥ precision.telemetry.underflow_threshold_pct flushed)"
+
+
 def quality_table(summary: pd.DataFrame, options: ReportOptions) -> pd.DataFrame:
     base = options.baseline_policy
     tasks = sorted({c[: -len(".mean")] for c in summary.columns if c.startswith("task.") and c.endswith(".mean")})
@@ -100,7 +109,7 @@ def quality_table(summary: pd.DataFrame, options: ReportOptions) -> pd.DataFrame
             **_task_cells(r, tasks, base, options),
             **(loss_cells(r, options) if has_loss else {}),
             "final loss": fmt.num(r["final_loss_mean"], 3),
-            "underflow events": fmt.num(r["underflow_events_mean"], 1),
+            underflow_events_header(summary): fmt.num(r["underflow_events_mean"], 1),
             "finished / diverged / failed / incomplete": " / ".join(
                 str(r[f"n_{k}"]) for k in ("finished", "diverged", "failed", "incomplete")
             ),
@@ -210,6 +219,10 @@ def problem_runs_table(trials: pd.DataFrame, statuses: Sequence[str]) -> pd.Data
 
 def _scope_text(inp: ReportInputs) -> str:
     ref = inp.ref
+    if ref.parts:
+        return (f"{len(ref.parts)} sweeps / experiments combined (experiments {ref.experiment_name}; sweeps "
+                + ", ".join(f"`{s}`" for s in ref.sweep_ids) + "); recipe settings that differ between them "
+                "(model, data, eval task, LoRA, training) are axes, so every comparison stays within one of them")
     if ref.all_runs:
         sweeps = ", ".join(f"`{s}`" for s in ref.sweep_ids) or "none tagged"
         return (
@@ -522,5 +535,5 @@ def build_document(inp: ReportInputs) -> Document:
     blocks += statistics_blocks(inp)
     title = "fp8lab report — " + (inp.ref.experiment_name or "experiment")
     if not inp.ref.all_runs and inp.ref.sweep_ids:
-        title += f" / sweep {inp.ref.sweep_ids[0]}"
+        title += f" / sweep {', '.join(inp.ref.sweep_ids)}"
     return Document(title, blocks)

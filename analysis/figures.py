@@ -322,7 +322,7 @@ def _panel_figure(
     fs = _tick_fontsize(n_rows_per_panel)
     label_w = 0.25 + 0.6 * fs / 72 * max((len(x) for x in labels), default=4)
     plot_w, gap = 4.2, 0.25
-    plot_h = min(max(0.13 * n_rows_per_panel + 0.5, 1.6), 8.0)
+    plot_h = min(max(0.13 * n_rows_per_panel + 0.5, 1.6), max(8.0, 0.11 * n_rows_per_panel))  # >= 8 pt per row
     top, title_h, bottom_h = 0.45, 0.3, 0.5
     cbar_w = 1.0 if colorbar else 0.15
     width = 0.1 + ncols * (label_w + plot_w) + gap * (ncols - 1) + cbar_w
@@ -343,7 +343,8 @@ def _panel_figure(
 
 
 def _label_ticks(ax: Axes, labels: Sequence[str], axis: str = "y", max_labels: int = 40) -> None:
-    k = max(1, math.ceil(len(labels) / max_labels))
+    """Tick labels, thinned to at most `max_labels` (layer axes pass their length: every row named)."""
+    k = max(1, math.ceil(len(labels) / max(max_labels, 1)))
     pos = list(range(0, len(labels), k))
     fs = _tick_fontsize(len(labels))
     if axis == "y":
@@ -415,7 +416,7 @@ def _heatmap_one(
             cmap="magma",
             norm=PowerNorm(0.5, vmin=0.0, vmax=vmax),
         )
-        _label_ticks(ax, [short.get(str(x), str(x)) for x in piv.index], "y")
+        _label_ticks(ax, [short.get(str(x), str(x)) for x in piv.index], "y", max_labels=len(piv))
         steps = list(piv.columns)
         xt: list[int] = (
             np.linspace(0, len(steps) - 1, num=min(6, len(steps))).round().astype(int).tolist() if steps else []
@@ -441,8 +442,26 @@ def _heatmap_one(
     )
 
 
+# x-axis label of each amax panel: the FP8 cast kinds show the amax the scale is computed from;
+# the LoRA-health kinds are FP32 tensors that are never cast (their "amax" is max |x|).
+AMAX_XLABEL = "pre-cast amax (log scale)"
+UNCAST_XLABELS = {"lora_weight_std": "max |LoRA weight|, FP32, not cast (log scale)",
+                  "lora_grad_norm": "max |LoRA gradient|, FP32, not cast (log scale)"}
+FP8_MAX_LINES = ((E4M3_MAX, "E4M3 max"), (E5M2_MAX, "E5M2 max"))
+
+
 def _amax_one(g: Group, tel: pd.DataFrame, options: ReportOptions) -> FigureArtifact | None:
     """Per-layer amax range over steps and seeds for one group (min–max line, IQR bar, median dot)."""
+    drawn = amax_figure(g, tel, options)
+    if drawn is None:
+        return None
+    fig, cap = drawn
+    return FigureArtifact(f"amax_{_group_slug(g.policy, g.axes)}", f"amax distribution — {g.label}", cap, _png(fig))
+
+
+def amax_figure(g: Group, tel: pd.DataFrame, options: ReportOptions) -> tuple[Figure, str] | None:
+    """(figure, caption) of the amax distribution; the caption names only the FP8-max lines that
+    were drawn (a line is drawn where the axis reaches within 10x of it)."""
     amax = tel["amax"].astype(float)
     tel = tel[np.isfinite(amax) & (amax > 0)]
     kinds = _kinds(tel)
@@ -454,7 +473,7 @@ def _amax_one(g: Group, tel: pd.DataFrame, options: ReportOptions) -> FigureArti
     fig, axes, _ = _panel_figure(
         len(kinds), n_layers, list(short.values()), f"amax per layer over steps and seeds — {g.label}"
     )
-    truncated = False
+    truncated, lines = False, set()
     for ax, kind in zip(axes, kinds, strict=True):
         q = tel[tel["kind"] == kind].groupby("layer")["amax"].quantile(np.array([0.0, 0.25, 0.5, 0.75, 1.0])).unstack()
         q = q.reindex(sorted(q.index.astype(str), key=natural_key))
@@ -468,31 +487,39 @@ def _amax_one(g: Group, tel: pd.DataFrame, options: ReportOptions) -> FigureArti
         ax.plot(q[0.5], y, "o", color="black", ms=2.5)
         ax.set_xscale("log")
         _plain_log_ticks(ax, float(q[0.0].min()), float(q[1.0].max()))
-        for val, name in ((E4M3_MAX, "E4M3 max"), (E5M2_MAX, "E5M2 max")):
-            if q[1.0].max() * 10 >= val:
-                ax.axvline(val, color="#d62728", ls=":", lw=1)
-                ax.text(
-                    val,
-                    0.98,
-                    name,
-                    fontsize=6,
-                    color="#d62728",
-                    ha="right",
-                    va="top",
-                    rotation=90,
-                    transform=ax.get_xaxis_transform(),
-                )
-        _label_ticks(ax, [short.get(str(x), str(x)) for x in q.index], "y")
+        if kind not in UNCAST_XLABELS:
+            lines |= _fp8_max_lines(ax, float(q[1.0].max()))
+        _label_ticks(ax, [short.get(str(x), str(x)) for x in q.index], "y", max_labels=len(q))
         ax.set_ylim(len(q) - 0.5, -0.5)  # first layer on top
         ax.set_title(kind, fontsize=9)
-        ax.set_xlabel("amax (log scale)", fontsize=8, labelpad=1)
+        ax.set_xlabel(UNCAST_XLABELS.get(kind, AMAX_XLABEL), fontsize=8, labelpad=1)
         ax.grid(alpha=0.3, axis="x")
     cap = (
-        "Per layer: grey line min–max, blue bar 25–75th percentile, dot median of the pre-cast amax over "
-        "logged steps and seeds; red dotted lines: largest finite FP8 value of each format."
+        "Per layer: grey line min–max, blue bar 25–75th percentile, dot median of the amax over "
+        "logged steps and seeds. " + _fp8_lines_caption(lines)
         + (f" Only the {options.max_heatmap_layers} layers with the largest amax are shown." if truncated else "")
     )
-    return FigureArtifact(f"amax_{_group_slug(g.policy, g.axes)}", f"amax distribution — {g.label}", cap, _png(fig))
+    return fig, cap
+
+
+def _fp8_max_lines(ax: Axes, top: float) -> set[str]:
+    """Draw the largest finite value of each FP8 format the axis comes within 10x of; their names."""
+    drawn = set()
+    for val, name in FP8_MAX_LINES:
+        if top * 10 >= val:
+            ax.axvline(val, color="#d62728", ls=":", lw=1)
+            ax.text(val, 0.98, name, fontsize=6, color="#d62728", ha="right", va="top", rotation=90,
+                    transform=ax.get_xaxis_transform())
+            drawn.add(name)
+    return drawn
+
+
+def _fp8_lines_caption(drawn: set[str]) -> str:
+    if not drawn:
+        return (f"No FP8-max line is drawn: every amax stays more than 10x below E4M3's largest value "
+                f"({E4M3_MAX:g}), so nothing here comes near saturating.")
+    names = [name for _, name in FP8_MAX_LINES if name in drawn]
+    return "Red dotted line(s): " + " and ".join(names) + ", the largest finite value of the format."
 
 
 Job = tuple[Callable[..., "FigureArtifact | None"], Group, pd.DataFrame, ReportOptions, dict[str, Any]]

@@ -80,6 +80,19 @@ class SweepRef:
     """Parent run of the reported sweep (None with --all, or if the parent was deleted)."""
     all_runs: bool
     parent_start_time: int | None = None
+    parts: tuple["SweepRef", ...] = ()
+    """Several sweeps / experiments in one report (`combine_refs`): the refs it was made of."""
+
+
+def combine_refs(refs: list[SweepRef]) -> SweepRef:
+    """One report over several sweeps or experiments (`--sweep A --sweep B`, `--experiment X
+    --experiment Y`): not logged to any parent run, since no single sweep owns it."""
+    unique = list({(r.experiment_id, r.sweep_ids, r.all_runs): r for r in refs}.values())
+    if len(unique) == 1:
+        return unique[0]
+    names = ", ".join(dict.fromkeys(r.experiment_name for r in unique))
+    sweeps = tuple(dict.fromkeys(s for r in unique for s in r.sweep_ids))
+    return SweepRef(unique[0].experiment_id, names, sweeps, None, any(r.all_runs for r in unique), parts=tuple(unique))
 
 
 def check_store_exists(tracking_uri: str) -> None:
@@ -253,6 +266,10 @@ def fetch_runs(tracking_uri: str, ref: SweepRef, parent_artifact_uri: str | None
     carry the earlier sweep's id. When the parent run lists its trial ids (`sweep/trials.json`),
     those runs are fetched too (by trial id) and flagged `reused` = True.
     """
+    if ref.parts:
+        frames = [fetch_runs(tracking_uri, part, (fetch_parent(tracking_uri, part.parent_run_id) or {}).get("artifact_uri"))
+                  for part in ref.parts]
+        return pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True).drop_duplicates("run_id")
     client = _client(tracking_uri)
     if ref.all_runs:
         runs = _search(client, [ref.experiment_id])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from analysis.options import ReportOptions
 from analysis.render import to_html, to_markdown
 from analysis.speed_probe import apply_probe, probe_ratios
 from analysis.summary import ablation_table, build_summary
-from analysis.tidy import apply_final_values, clean_history, dedupe_trials, step_series, tidy_runs
+from analysis.tidy import apply_final_values, axes_where_runs_differ, clean_history, dedupe_trials, step_series, tidy_runs
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,20 @@ _RUNS_CSV_FIRST = [
 ]
 
 
+def resolve_refs(tracking_uri: str, experiment: str | Sequence[str] | None, sweep_id: str | Sequence[str] | None,
+                 all_runs: bool) -> load.SweepRef:
+    """What a report covers: each sweep id (looked up in the named experiment, or in all of them
+    when several are named), else each experiment's latest sweep (or all its runs), combined."""
+    experiments = [experiment] if isinstance(experiment, str) or experiment is None else list(experiment) or [None]
+    sweeps = [sweep_id] if isinstance(sweep_id, str) else list(sweep_id or [])
+    if sweeps:
+        scope = experiments[0] if len(experiments) == 1 else None
+        refs = [load.resolve_sweep(tracking_uri, scope, s, all_runs) for s in sweeps]
+    else:
+        refs = [load.resolve_sweep(tracking_uri, e, None, all_runs) for e in experiments]
+    return load.combine_refs(refs)
+
+
 def _runs_csv(trials: pd.DataFrame, superseded: pd.DataFrame) -> str:
     both = pd.concat([trials.assign(superseded_by=""), superseded], ignore_index=True)
     first = [c for c in _RUNS_CSV_FIRST if c in both.columns]
@@ -93,13 +108,14 @@ def _runs_csv(trials: pd.DataFrame, superseded: pd.DataFrame) -> str:
 
 def generate_report(
     tracking_uri: str,
-    experiment: str | None,
-    sweep_id: str | None,
+    experiment: str | Sequence[str] | None,
+    sweep_id: str | Sequence[str] | None,
     all_runs: bool,
     out_dir: Path,
     options: ReportOptions | None = None,
 ) -> ReportResult:
-    """Write the report of one sweep (default: the latest) or of all runs of an experiment.
+    """Write the report of one sweep (default: the latest) or of all runs of an experiment; several
+    sweep ids or experiments combine into one report (`resolve_refs`).
 
     Raises ReportError (a ValueError) for an unknown experiment / sweep id, a store without sweeps,
     or a sweep without trial runs; the message names the fix.
@@ -116,10 +132,12 @@ def generate_report(
     out_dir = Path(out_dir)
     warnings: list[str] = []
     t = time.perf_counter()
-    ref = load.resolve_sweep(tracking_uri, experiment, sweep_id, all_runs)
+    ref = resolve_refs(tracking_uri, experiment, sweep_id, all_runs)
     parent = load.fetch_parent(tracking_uri, ref.parent_run_id)
     with load.quiet_downloads():
         raw = load.fetch_runs(tracking_uri, ref, parent["artifact_uri"] if parent else None)
+    if ref.parts:
+        raw = axes_where_runs_differ(raw)
     t = lap("search_runs", t)
     if raw.empty:
         what = f"experiment {ref.experiment_name!r}" if ref.all_runs else f"sweep {ref.sweep_ids[0]!r}"
@@ -128,7 +146,10 @@ def generate_report(
         warnings.append(
             "--all: runs of every sweep of the experiment are pooled; the report is not logged to a parent run."
         )
-    if not ref.all_runs and ref.parent_run_id is None:
+    if ref.parts:
+        warnings.append(f"{len(ref.parts)} sweeps / experiments combined: each policy is compared with the baseline "
+                        "of the same model, task and recipe; the report is not logged to a parent run.")
+    elif not ref.all_runs and ref.parent_run_id is None:
         warnings.append(f"sweep {ref.sweep_ids[0]} has no parent run; the report is not logged to MLflow.")
 
     runs = tidy_runs(raw, options)

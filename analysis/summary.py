@@ -200,6 +200,7 @@ def _telemetry_cols(sub: pd.DataFrame) -> dict[str, Any]:
     """What the telemetry says about the mechanism: adapter collapse, underflow and saturation by kind."""
     row: dict[str, Any] = {
         "underflow_events_mean": _nanmean(_vals(sub, "underflow_events")),
+        "underflow_threshold_pct": _nanmean(_vals(sub, "underflow_threshold_pct")),
         "final_loss_mean": _nanmean(_vals(sub, "final_loss")),
     }
     stds = _vals(sub, "lora_std_min")

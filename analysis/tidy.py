@@ -30,6 +30,7 @@ from fp8lab_conf.contracts import (
     TAG_LADDER_BASE, TAG_MECHANISM, TAG_MECHANISM_DESC, TAG_POLICY, TAG_REASON, TAG_SEED, TAG_STATUS, TAG_SWEEP_ID,
     TAG_TRIAL_ID,
 )
+from fp8lab_conf.contracts import NON_SEMANTIC_KEYS
 from fp8lab_conf.contracts import (METRIC_EVAL_WALL_S, METRIC_STEPS_DONE, METRIC_TRIAL_WALL_S, STATUS_STOPPED_EARLY,
                                    TAG_HEALTH_MISSING, TAG_HEALTH_REASONS, TAG_HEALTH_STEP, TAG_HEALTH_VERDICT,
                                    TAG_STOPPED_EARLY)
@@ -39,6 +40,9 @@ COUNTED = ("FINISHED", "DIVERGED")
 _STATUS_RANK = {s: i for i, s in enumerate(STATUSES)}
 _INCOMPLETE_MLFLOW = {"RUNNING", "SCHEDULED", "KILLED"}
 AXIS_TAG_PREFIX = f"tags.{TAG_AXIS_PREFIX}"
+# Config groups that decide what a trial trains and is scored on: in a report over several sweeps,
+# a key of these that differs between runs becomes an axis (`axes_where_runs_differ`).
+RECIPE_PREFIXES = ("model.", "data.", "eval.", "lora.", "train.")
 AXIS_PREFIX = "axis."
 # MLflow stores +-inf as +-float max; anything this large is treated as non-finite.
 _HUGE = 1e300
@@ -76,6 +80,9 @@ TAG_COLUMNS = {
 }
 TELEMETRY_KINDS = ("activation", "weight", "dgrad", "wgrad", "lora_weight")
 TEL_PREFIX = "tel."
+# An underflow event is a cast at or above this share flushed (docs/telemetry.md); the report's
+# "underflow events" column says the threshold, or a 0 reads as "no underflow" next to heatmaps.
+UNDERFLOW_THRESHOLD_PARAM = "precision.telemetry.underflow_threshold_pct"
 """`tel.<kind>.underflow_pct` / `tel.<kind>.overflow_pct`: the last logged per-kind mean over layers."""
 TASK_PREFIX = "task."
 """`task.<task>/<metric>` (and `..._stderr`): every per-task metric lm-eval returned (`eval/<task>/<metric>`)."""
@@ -179,9 +186,29 @@ def tidy_runs(raw: pd.DataFrame, options: ReportOptions | None = None) -> pd.Dat
         out[TASK_PREFIX + col[len("metrics.eval/") :]] = _num_col(raw, col)
     out["tokens_per_epoch"] = _tokens_per_epoch(raw, options)
     out["train_steps"] = _num_col(raw, "params.train.steps")
+    out["underflow_threshold_pct"] = _num_col(raw, "params." + UNDERFLOW_THRESHOLD_PARAM)
     for col in sorted(c for c in raw.columns if c.startswith(AXIS_TAG_PREFIX)):
         out[AXIS_PREFIX + col[len(AXIS_TAG_PREFIX) :]] = _str_col(raw, col)
     return out.reset_index(drop=True)
+
+
+def axes_where_runs_differ(raw: pd.DataFrame) -> pd.DataFrame:
+    """Several sweeps in one report: every recipe param (model, data, eval task, LoRA, training)
+    whose value differs between the runs becomes an axis tag, so each policy is compared with the
+    baseline of its own model, task and recipe, never with another sweep's. Within one sweep such
+    keys are axes already (the tag wins where it is set)."""
+    out = raw.copy()
+    for col in [c for c in raw.columns if c.startswith("params.")]:
+        key = col[len("params."):]
+        if not key.startswith(RECIPE_PREFIXES) or key.startswith(NON_SEMANTIC_KEYS) or key.rsplit(".", 1)[-1] == "seed":
+            continue  # a seed is the replicate the statistics pair on, never an axis
+        values = raw[col].fillna("").astype(str)
+        if values.nunique() < 2:
+            continue
+        tag = AXIS_TAG_PREFIX + key
+        current = out[tag].fillna("").astype(str) if tag in out else pd.Series("", index=out.index)
+        out[tag] = current.where(current != "", values)
+    return out
 
 
 def _is_task_metric(col: str) -> bool:

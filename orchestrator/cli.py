@@ -1,4 +1,4 @@
-"""The `fp8lab` command: trial, sweep, report, export, ui.
+"""The `fp8lab` command: trial, sweep, report, export, ui, bench, policies.
 
 Arguments after the subcommand's flags are Hydra overrides (`lora.r=16`, `precision=fp8_naive`,
 `'+sweep.axes={train.lr:[1e-4,2e-4]}'`). Bad input exits with code 2 and one line per problem,
@@ -30,16 +30,23 @@ EPILOG = """examples:
   fp8lab ui
   fp8lab bench precision=bf16,fp8_protected     # paired speed probe: step-time ratios to bf16 with CIs
   fp8lab trial --cfg job                        # print the composed config
+  fp8lab trial --info                           # config search path, every group's options
+  fp8lab policies                               # the precision policies: name, version, ladder base
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from orchestrator.discover import groups_epilog
+
     parser = argparse.ArgumentParser(prog="fp8lab", description="LoRA fine-tunes under BF16 vs FP8 precision policies, "
-                                     "scheduled on Ray, tracked in MLflow.", epilog=EPILOG,
+                                     "scheduled on Ray, tracked in MLflow.", epilog=EPILOG + "\n" + groups_epilog(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("policies", help="list the precision policies (name, version, ladder base, description)")
     trial = sub.add_parser("trial", help="run one trial (a LoRA fine-tune under one precision policy)")
     _add_hydra_args(trial)
+    trial.add_argument("--force", action="store_true",
+                       help="rerun the trial even if an identical one (same trial id) already FINISHED in the experiment")
     sweep = sub.add_parser("sweep", help="run the sweep matrix on Ray (policies x seeds x other axes)")
     _add_hydra_args(sweep)
     sweep.add_argument("--dry-run", action="store_true", help="print the trials (and which would be skipped) and stop")
@@ -48,11 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "range() and glob() as sweep axes")
     sweep.add_argument("--force", action="store_true", help="rerun trials that already FINISHED in this experiment")
     report = sub.add_parser("report", help="write the quality-vs-speed report from MLflow")
-    report.add_argument("--experiment", help="MLflow experiment (default: sweep.name)")
+    report.add_argument("--experiment", action="append", default=[],
+                        help="MLflow experiment (default: sweep.name); repeat to combine experiments in one report")
     group = report.add_mutually_exclusive_group()
-    group.add_argument("--sweep", dest="sweep_id", help="sweep id to report (default: the latest sweep)")
+    group.add_argument("--sweep", dest="sweep_id", action="append", default=[],
+                       help="sweep id to report (default: the latest sweep); repeat to combine sweeps in one report "
+                            "(each policy is compared with the baseline of the same model, task and recipe)")
     group.add_argument("--all", action="store_true", help="report every trial run in the experiment")
     report.add_argument("--out", help="output folder (default: fp8lab-report/<sweep_id>)")
+    report.add_argument("--no-log", action="store_true",
+                        help="leave the MLflow store untouched: no report/ artifacts, no closing of lost runs")
     _add_hydra_args(report, cfg=False)
     from orchestrator.bench_cmd import add_bench_parser
     from orchestrator.export_cmd import add_export_parser
@@ -73,7 +85,13 @@ def _add_hydra_args(parser: argparse.ArgumentParser, cfg: bool = True) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. precision=fp8_naive train.steps=100")
     parser.add_argument("--config-dir", help="your own config folder, searched before fp8lab's (Hydra search path)")
     if cfg:
-        parser.add_argument("--cfg", choices=["job", "all"], help="print the composed config and exit (like Hydra's --cfg)")
+        parser.add_argument("--cfg", choices=["job", "all", "hydra"],
+                            help="print the composed config and exit (like Hydra's --cfg; 'hydra' is refused: "
+                                 "there is no Hydra runtime config)")
+        parser.add_argument("--info", action="store_true",
+                            help="print the config search path and every config group's options, and exit")
+        parser.add_argument("-sc", "--shell-completion", metavar="ARG", help=argparse.SUPPRESS)
+        parser.add_argument("--hydra-help", action="store_true", help=argparse.SUPPRESS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,13 +103,36 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "trial": cmd_trial, "sweep": cmd_sweep, "report": cmd_report, "export": cmd_export, "ui": cmd_ui,
-        "bench": cmd_bench}
+        "bench": cmd_bench, "policies": cmd_policies}
     try:
+        _hydra_flags(args)
+        if getattr(args, "info", False):
+            from orchestrator.discover import print_info
+
+            return print_info(args.config_dir)
         return handlers[args.command](args)
     except UserInputError as exc:
         for problem in exc.problems:
             print(f"fp8lab: error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def _hydra_flags(args: argparse.Namespace) -> None:
+    """Hydra's app flags that have no meaning here are refused with the supported alternative."""
+    from orchestrator.discover import refuse
+
+    if getattr(args, "cfg", None) == "hydra":
+        refuse("--cfg hydra")
+    if getattr(args, "shell_completion", None) is not None:
+        refuse("--shell-completion")
+    if getattr(args, "hydra_help", False):
+        refuse("--hydra-help")
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    from orchestrator.discover import print_policies
+
+    return print_policies()
 
 
 def _composed(args: argparse.Namespace) -> dict[str, Any]:
@@ -121,7 +162,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         return _print_cfg(config)
     from orchestrator.single_trial import run_single_trial
 
-    result = run_single_trial(config, args.overrides)
+    result = run_single_trial(config, args.overrides, args.force)
     return {"FINISHED": 0, "DIVERGED": 0, STATUS_STOPPED_EARLY: 0, "KILLED": EXIT_INTERRUPTED}.get(result["status"], EXIT_FAILED)
 
 
@@ -210,15 +251,19 @@ def _report_after_sweep(plan: Any, out: Any) -> None:
     out.print(f"Report: {result.report_html} (also report.md, summary.csv, figures/; {where})")
 
 
-def _run_report(config: dict[str, Any], uri: str, experiment: str | None, sweep_id: str | None, all_runs: bool,
-                out_dir: str | None, generate: Callable[..., Any]) -> Any:
+def _run_report(config: dict[str, Any], uri: str, experiment: str | list[str] | None, sweep_id: str | list[str] | None,
+                all_runs: bool, out_dir: str | None, generate: Callable[..., Any], log: bool = True) -> Any:
+    from dataclasses import replace
+
     from analysis.errors import ReportError
     from analysis.options import ReportOptions
 
     rep = config["report"]
-    target = Path(out_dir or rep["out"] or f"fp8lab-report/{sweep_id or ('all' if all_runs else 'latest')}")
+    sweeps = [sweep_id] if isinstance(sweep_id, str) else list(sweep_id or [])
+    target = Path(out_dir or rep["out"] or f"fp8lab-report/{'+'.join(sweeps) or ('all' if all_runs else 'latest')}")
     try:
         options = ReportOptions.from_mapping(rep, ignore=["out"])
+        options = options if log else replace(options, log_to_mlflow=False)
         return generate(tracking_uri=uri, experiment=experiment, sweep_id=sweep_id, all_runs=all_runs,
                         out_dir=target, options=options)
     except ReportError as exc:
@@ -245,11 +290,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     config = _composed(args)
     uri = absolute_uri(config["tracking"]["uri"])
-    experiment = args.experiment or (config["sweep"]["name"] if args.all else None)
-    _close_lost_drivers(uri, experiment)
-    result = _run_report(config, uri, experiment, args.sweep_id, args.all, args.out, generate_report)
+    experiments = args.experiment or ([config["sweep"]["name"]] if args.all else [])
+    if not args.no_log:  # --no-log: the report only reads
+        for experiment in experiments or [None]:
+            _close_lost_drivers(uri, experiment)
+    result = _run_report(config, uri, experiments, args.sweep_id, args.all, args.out, generate_report, not args.no_log)
+    logged = "logged to the sweep's parent run" if result.logged_to_run_id else "not logged to MLflow"
     print(f"Report written to {result.out_dir}: report.html, report.md, summary.csv, figures/ "
-          f"({result.n_runs} trials, {result.n_counted} in the statistics)")
+          f"({result.n_runs} trials, {result.n_counted} in the statistics; {logged})")
     return 0
 
 

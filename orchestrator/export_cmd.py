@@ -16,7 +16,6 @@ from workloads.export.run import FORMATS  # torch-free module: the names only
 
 EXPORT_ARTIFACT = "export"
 
-
 def add_export_parser(sub: Any) -> None:
     export = sub.add_parser("export", help="write a finished trial's adapter, merged model or FP8 checkpoint",
                             description="Export a FINISHED trial: --format adapter (PEFT folder), merged (BF16 "
@@ -64,7 +63,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UserInputError(str(exc)) from None
     print(result.summary())
     if args.register:
-        version = register_export(client, run_id, result.out_dir, args.format, args.register)
+        version = register_export(client, uri, run_id, result.out_dir, args.format, args.register)
         print(f"registered as model '{args.register}' version {version} in {uri}")
     return 0
 
@@ -81,20 +80,34 @@ def _best_run_id(client: Any, args: argparse.Namespace) -> str:
     return choice.run_id
 
 
-def register_export(client: Any, run_id: str, folder: Path, fmt: str, name: str) -> str:
-    """Log `folder` under the run's `export/<fmt>/` artifacts and register it as a new version of
-    model `name`, tagged with the trial's sweep, policy, seed and trial id and the format."""
+def register_export(client: Any, uri: str, run_id: str, folder: Path, fmt: str, name: str) -> str:
+    """Log `folder` under the trial's run as an MLflow `transformers` model (loadable with
+    `mlflow.transformers.load_model` and `mlflow.pyfunc.load_model`; fp8-block128: as an artifact
+    folder, see `log_export_model`) and register it as a new version of model `name`, tagged with
+    the trial's sweep, policy, seed and trial id and the format."""
+    import mlflow
     from mlflow.exceptions import MlflowException
 
+    from workloads.export.run import log_export_model  # the training stack: only when registering
+
     run = client.get_run(run_id)
-    artifact_dir = f"{EXPORT_ARTIFACT}/{fmt}"
-    client.log_artifacts(run_id, str(folder), artifact_dir)
+    try:
+        model_uri = log_export_model(uri, run_id, folder, fmt)
+    except Exception as exc:  # noqa: BLE001 - the export is on disk; say why it is not in the registry
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserInputError(f"--register: {folder} was written, but logging it as an MLflow model failed: {first} "
+                             "(fix: make the base model reachable - a hub id needs the hub once to record its "
+                             "revision - then rerun the export with --register)") from None
+    if model_uri is None:
+        client.log_artifacts(run_id, str(folder), f"{EXPORT_ARTIFACT}/{fmt}")
+        model_uri = f"{run.info.artifact_uri}/{EXPORT_ARTIFACT}/{fmt}"
     try:
         client.create_registered_model(name, description="Fine-tuned with fp8lab (LoRA under a precision policy).")
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     tags = {key: run.data.tags.get(key, "") for key in (TAG_SWEEP_ID, TAG_POLICY, TAG_SEED, TAG_TRIAL_ID)}
-    version = client.create_model_version(name, f"{run.info.artifact_uri}/{artifact_dir}", run_id=run_id,
-                                          tags={**tags, TAG_EXPORT_FORMAT: fmt})
-    return str(version.version)
+    if not model_uri.startswith("models:/"):
+        return str(client.create_model_version(name, model_uri, run_id=run_id, tags={**tags, TAG_EXPORT_FORMAT: fmt}).version)
+    mlflow.set_registry_uri(uri)
+    return str(mlflow.register_model(model_uri, name, tags={**tags, TAG_EXPORT_FORMAT: fmt}).version)

@@ -15,7 +15,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from fp8lab_conf.contracts import METRIC_ACCURACY, METRIC_ACCURACY_STDERR, METRIC_TOKENS_PER_S, TrialLaunch
+from fp8lab_conf.contracts import METRIC_ACCURACY, METRIC_ACCURACY_STDERR, METRIC_TOKENS_PER_S, RESULT_JSON, TAG_STATUS, TrialLaunch
 from orchestrator import runs
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec, policy_label
@@ -23,7 +23,7 @@ from orchestrator.params import trial_params
 from orchestrator.trial_id import compute_trial_id
 
 
-def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def run_single_trial(config: dict[str, Any], overrides: list[str], force: bool = False) -> dict[str, Any]:
     from workloads.preflight import check_config  # lighter than workloads.entry: bad input fails sooner
 
     uri = runs.absolute_uri(config["tracking"]["uri"])
@@ -42,6 +42,9 @@ def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, 
     ready_store(uri)  # a sweep may be creating the same store right now: never migrate it twice
     client = MlflowClient(uri)
     experiment_id = runs.ensure_experiment(client, config["sweep"]["name"], config["tracking"]["artifact_location"])
+    done = None if force else runs.finished_trials(client, experiment_id).get(spec.trial_id)
+    if done is not None:
+        return _reuse_finished(client, done, spec, config)
     run_id = runs.create_trial_run(client, experiment_id, spec, None, None, trial_params(config))
     print(f"trial {spec.run_name} ({spec.trial_id}) -> MLflow run {run_id} in {uri}", file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` is handled like Ctrl-C
@@ -54,6 +57,23 @@ def run_single_trial(config: dict[str, Any], overrides: list[str]) -> dict[str, 
         return {"status": "KILLED"}
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if config["trial"]["output"]:
+        write_json_atomic(Path(config["trial"]["output"]), result)
+    _print_result(result)
+    return result
+
+
+def _reuse_finished(client: MlflowClient, run_id: str, spec: TrialSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """An identical trial (same trial id) already has a complete result: say so and hand back its
+    result.json (to trial.output too), as a sweep skips it; --force runs it again."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="fp8lab-trial-") as tmp:
+            result = json.loads(Path(client.download_artifacts(run_id, RESULT_JSON, tmp)).read_text())
+    except Exception:  # noqa: BLE001 - a run without result.json (older fp8lab): its tag says the outcome
+        result = {"status": client.get_run(run_id).data.tags.get(TAG_STATUS, "FINISHED"), "policy": policy_label(config),
+                  "seed": config["seed"], "metrics": {}, "reason": "", "mlflow_run_id": run_id}
+    print(f"trial {spec.run_name} ({spec.trial_id}) already {result['status']} as MLflow run {run_id} in experiment "
+          f"'{config['sweep']['name']}': not rerun (use --force to rerun it)", file=sys.stderr)
     if config["trial"]["output"]:
         write_json_atomic(Path(config["trial"]["output"]), result)
     _print_result(result)

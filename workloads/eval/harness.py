@@ -140,6 +140,8 @@ def evaluate_tasks(
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
+    from workloads.eval.git_hash import quiet_git_hash
+
     with _preserved_rng_state():  # building a task may draw from the global RNGs too
         built = load_tasks(tasks, include_path, data_dirs)
     infos = {name: TaskInfo.of(task) for name, task in built.items()}
@@ -147,7 +149,7 @@ def evaluate_tasks(
     was_training = model.training
     model.eval()
     try:
-        with _quiet_lm_eval(), _preserved_rng_state():
+        with _quiet_lm_eval(), _preserved_rng_state(), quiet_git_hash():
             lm = HFLM(
                 pretrained=model,
                 tokenizer=tokenizer,

@@ -6,6 +6,8 @@ succeeds: the folder is built beside the target and renamed into place at the en
 """
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import tempfile
 import time
@@ -75,6 +77,8 @@ def export_run(tracking_uri: str, run_id: str, fmt: str, out_dir: Path) -> Expor
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
         try:
             size, bf16 = _write(fmt, adapter_dir, config, staging)
+            _describe(staging, fmt, config, out_dir, run, _bf16_run(client, run, config))
+            give_default_modes(staging)
             if out_dir.exists():
                 out_dir.rmdir()  # empty (checked above)
             staging.rename(out_dir)
@@ -84,8 +88,6 @@ def export_run(tracking_uri: str, run_id: str, fmt: str, out_dir: Path) -> Expor
 
 
 def _download(client: Any, run_id: str, scratch: Path) -> tuple[Path, dict[str, Any]]:
-    from omegaconf import OmegaConf
-
     from workloads.export.adapter import ADAPTER_ARTIFACT
 
     names = {a.path for a in client.list_artifacts(run_id)}
@@ -93,8 +95,15 @@ def _download(client: Any, run_id: str, scratch: Path) -> tuple[Path, dict[str, 
         raise ExportError(f"run {run_id} has no '{ADAPTER_ARTIFACT}/' artifact (it ran with tracking.log_adapter=false "
                           "or an older fp8lab) (fix: rerun the trial with tracking.log_adapter=true)")
     adapter_dir = Path(client.download_artifacts(run_id, ADAPTER_ARTIFACT, str(scratch)))
+    return adapter_dir, _run_config(client, run_id, scratch)
+
+
+def _run_config(client: Any, run_id: str, scratch: Path) -> dict[str, Any]:
+    """The trial's resolved config (`config/resolved.yaml`)."""
+    from omegaconf import OmegaConf
+
     config_file = Path(client.download_artifacts(run_id, "config/resolved.yaml", str(scratch)))
-    return adapter_dir, OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
+    return OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
 
 
 def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path) -> tuple[int, int]:
@@ -120,6 +129,76 @@ def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path) -> tu
         except NothingToQuantize as exc:
             raise ExportError(f"--format fp8-block128: {exc} (fix: export --format merged)") from None
     return folder_bytes(out), bf16_bytes(model)
+
+
+def _describe(folder: Path, fmt: str, config: dict[str, Any], out_dir: Path, run: Any, reference: Any) -> None:
+    """The model card, and (adapter) a base model reference that works off this machine."""
+    from workloads.export.card import model_card
+
+    base_ref = portable_base_reference(config, out_dir)
+    if fmt == "adapter":
+        adapter_config = folder / "adapter_config.json"
+        data = json.loads(adapter_config.read_text())
+        data["base_model_name_or_path"] = base_ref
+        adapter_config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    (folder / "README.md").write_text(model_card(run, reference, fmt, base_ref))
+
+
+def _bf16_run(client: Any, run: Any, config: dict[str, Any]) -> Any:
+    """The newest FINISHED reference-policy (bf16) trial of the same seed and configuration, or None."""
+    from workloads.record.reference import reference_runs
+
+    policy = config.get("health", {}).get("reference_policy", "bf16")
+    found = reference_runs(client, run, policy)
+    return found[0] if found else None
+
+
+def portable_base_reference(config: dict[str, Any], out_dir: Path) -> str:
+    """The base model as a reader elsewhere can find it: the hub id when the trial used one, else
+    the local folder relative to the export folder (the embedded model lives inside the installed
+    package, so an absolute path names one machine's install)."""
+    local, _ = base_model_path(config)
+    if not Path(local).exists():
+        return local  # a hub id
+    return os.path.relpath(local, out_dir)
+
+
+def give_default_modes(folder: Path) -> None:
+    """Files 0644 and folders 0755 (under the umask), like any file the user writes: temporary
+    folders and downloads are created 0700/0600, which would keep other users out of the export."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+def log_export_model(tracking_uri: str, run_id: str, out_dir: Path, fmt: str) -> str | None:
+    """Log the export in `out_dir` under run `run_id` as an MLflow `transformers` model (an adapter
+    PEFT-aware, with its base model reference); returns the model URI to register, or None for
+    fp8-block128: MLflow logs a checkpoint folder as it is only through its local-checkpoint path,
+    which fails under transformers 5 (mlflow 3.17: `check_task(...)["impl"].__name__` on a str),
+    and loading the folder to log it would dequantize the FP8 weights it exists for."""
+    if fmt == "fp8-block128":
+        return None
+    from workloads.export.adapter import load_with_adapter
+    from workloads.record.model_log import log_transformers_model
+    from workloads.record.store import store_client
+
+    with tempfile.TemporaryDirectory(prefix="fp8lab-export-") as scratch:
+        config = _run_config(store_client(tracking_uri), run_id, Path(scratch))
+    card = (out_dir / "README.md").read_text()
+    base_path, trust = base_model_path(config)
+    if fmt == "adapter":
+        model, tokenizer = load_with_adapter(base_path, out_dir, trust_remote_code=trust)
+        local_base = base_path if Path(base_path).exists() else None
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(str(out_dir), trust_remote_code=trust)
+        tokenizer, local_base = AutoTokenizer.from_pretrained(str(out_dir), trust_remote_code=trust), None
+    return log_transformers_model(tracking_uri, run_id, {"model": model, "tokenizer": tokenizer}, local_base, card,
+                                  "Question: which is larger, 3 or 7? Answer:")
 
 
 def folder_bytes(folder: Path) -> int:

@@ -8,7 +8,7 @@ throughput and bookkeeping keys). A reference still RUNNING counts once it has l
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from mlflow.tracking import MlflowClient
 
@@ -39,18 +39,22 @@ def _reference_loss(client: MlflowClient, run_id: str, policy: str, step: int) -
     me = client.get_run(run_id)
     if me.data.tags.get(TAG_POLICY) == policy:
         return None  # the reference has no reference
-    wanted = _config_key(me.data.params)
-    seed = me.data.tags.get(TAG_SEED, "")
-    runs = client.search_runs([me.info.experiment_id],
-                              filter_string=f"tags.`{TAG_POLICY}` = '{policy}' and tags.`{TAG_SEED}` = '{seed}'",
-                              order_by=["attributes.start_time DESC"], max_results=200)
-    for run in runs:
-        if run.info.status not in _USABLE or _config_key(run.data.params) != wanted:
-            continue
+    for run in reference_runs(client, me, policy, _USABLE):
         at_step = [m.value for m in client.get_metric_history(run.info.run_id, METRIC_LOSS) if m.step == step]
         if at_step:
             return float(at_step[-1])
     return None
+
+
+def reference_runs(client: MlflowClient, me: Any, policy: str, statuses: tuple[str, ...] = ("FINISHED",)) -> list[Any]:
+    """Runs of `policy` in `me`'s experiment with `me`'s seed and training configuration, newest
+    first: the health monitor's reference loss and the export's model card compare with these."""
+    seed = me.data.tags.get(TAG_SEED, "")
+    runs = client.search_runs([me.info.experiment_id],
+                              filter_string=f"tags.`{TAG_POLICY}` = '{policy}' and tags.`{TAG_SEED}` = '{seed}'",
+                              order_by=["attributes.start_time DESC"], max_results=200)
+    wanted = _config_key(me.data.params)
+    return [run for run in runs if run.info.status in statuses and _config_key(run.data.params) == wanted]
 
 
 def _config_key(params: dict[str, str]) -> tuple[tuple[str, str], ...]:
