@@ -24,7 +24,9 @@ from fp8lab_conf.contracts import (
     METRIC_UNDERFLOW_EVENTS,
 )
 from workloads.data import load as data_mod
+from workloads.data.chat_template import apply_chat_template_override
 from workloads.data.heldout import load_heldout
+from workloads.data.lengths import measure, resolve_train_keys
 from workloads.eval.harness import evaluate_tasks
 from workloads.eval.heldout import curve_hook, heldout_loss
 from workloads.embedded.paths import embedded_paths
@@ -99,6 +101,7 @@ def loop_settings(train_cfg: dict[str, Any], telemetry_cfg: dict[str, Any]) -> L
         warmup_steps=train_cfg["warmup_steps"], lr_schedule=train_cfg["lr_schedule"], grad_clip=train_cfg["grad_clip"],
         log_every=train_cfg["log_every"],
         telemetry_every=telemetry_cfg["every"] if telemetry_cfg["enabled"] else None,
+        grad_accum=int(train_cfg.get("grad_accum") or 1),
     )
 
 
@@ -124,8 +127,15 @@ class Trial:
     heldout: Any = None  # the held-out rows of `eval/loss` (tokenized like the training rows), or None
 
     def batches(self, start_step: int = 0) -> Any:
-        """The training batches after ``start_step`` (deterministic in seed and step)."""
-        return data_mod.batches(self.train_data, self.batch_size, self.settings.steps, self.seed, start_step)
+        """The training batches after ``start_step`` (deterministic in seed and step): each one
+        an optimizer step's rows, ``train.grad_accum`` micro-batches of ``batch_size``."""
+        return data_mod.batches(self.train_data, self.batch_size * self.settings.grad_accum, self.settings.steps,
+                                self.seed, start_step)
+
+    def data_metrics(self) -> dict[str, float]:
+        """The limit trained with and what it cut (`data/*`): logged, so a cut is never silent."""
+        lengths = self.train_data.lengths or []
+        return measure(lengths, int(self.train_data.input_ids.shape[1])).metrics() if lengths else {}
 
 
 class SetupHooks(Protocol):
@@ -147,6 +157,8 @@ def setup(config: dict[str, Any], hooks: SetupHooks | None = None) -> Trial:
     paths = embedded_paths()
     memory = PeakMemory(device)
     model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
+    tokenizer = apply_chat_template_override(tokenizer, config["data"])
+    config = resolve_train_keys(config, tokenizer, paths.data_dir, paths.model_dir)  # no-op once preflight did it
     train_data = setup_data(config["data"], int(config["train"]["max_seq_len"]), tokenizer, paths.data_dir,
                             hooks.on_rows if hooks is not None else None)
     heldout = load_heldout(config["data"], config["eval"], int(config["train"]["max_seq_len"]), tokenizer, paths.data_dir)
@@ -251,6 +263,7 @@ def train_metrics(train: TrainResult, trial: Trial) -> dict[str, float]:
         METRIC_UNDERFLOW_EVENTS: float(train.underflow_events),
         "memory/peak_bytes": float(trial.memory.peak_bytes()),
         "memory/base_weight_bytes": float(trial.handle.base_weight_bytes()),
+        **trial.data_metrics(),
     }
 
 
