@@ -58,7 +58,8 @@ def measure(lengths: list[int], max_seq_len: int) -> Truncation:
 def derived_max_seq_len(lengths: list[int], positions: int | None) -> int:
     """The default limit: the 99th percentile of the lengths, rounded up to a multiple of 16,
     at most the model's positions (the embedded task: every row 19 tokens -> 32)."""
-    high = math.ceil(float(np.percentile(lengths, LENGTH_PERCENTILE))) if lengths else LENGTH_MULTIPLE
+    # inverted_cdf: the shortest length that 99% of the rows fit in (no interpolation towards an outlier)
+    high = int(np.percentile(lengths, LENGTH_PERCENTILE, method="inverted_cdf")) if lengths else LENGTH_MULTIPLE
     rounded = _round_up(high)
     return min(rounded, positions) if positions else rounded
 
