@@ -272,6 +272,15 @@ def check_many(configs: list[dict[str, Any]]) -> list[str]:
     return list(seen)
 
 
+def preview_data(config: dict[str, Any], n_rows: int, start: int) -> Any:
+    """`fp8lab data preview`: the rows as trained (`workloads.data.preview`), on the shipped paths."""
+    from workloads.data.preview import preview
+    from workloads.embedded.paths import embedded_paths
+
+    paths = embedded_paths()
+    return preview(config, n_rows, start, paths.data_dir, paths.model_dir)
+
+
 def main() -> None:
     """Problems of every config, and the `train` keys each one's data decides (empty when the
     config is invalid: the orchestrator refuses it anyway)."""
