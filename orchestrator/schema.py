@@ -91,11 +91,11 @@ SCHEMA: dict[str, Any] = {
         },
     },
     "train": {
-        "steps": _int("an integer >= 1 or null (with train.epochs)", "400", lo=1, nullable=True),
+        "steps": _int("an integer >= 1", "400", lo=1, nullable=True),
         "epochs": _pos_float("2", nullable=True),
         "batch_size": _int("an integer >= 1", "16", lo=1),
         "grad_accum": _int("an integer >= 1", "1", lo=1),
-        "max_seq_len": _int("an integer >= 8, or null (from the data)", "32", lo=8, nullable=True),
+        "max_seq_len": _int("an integer >= 8", "32", lo=8, nullable=True),
         "lr": _pos_float("2e-4", upper=1.0),
         "weight_decay": _nonneg_float("0.0"),
         "warmup_steps": _int("an integer >= 0", "20", lo=0),

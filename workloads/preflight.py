@@ -67,6 +67,7 @@ def check_model_fit(config: dict[str, Any]) -> list[str]:
     from workloads.model.checks import inspect_folder
     from workloads.model.sizing import check_fit
 
+    config = config if config["train"]["max_seq_len"] else resolve_config(config)  # the limit the data gives
     name = config["model"]["name_or_path"]
     folder = Path(__file__).resolve().parent / "embedded" / "assets" / "base_model" if name == "embedded" else (
         ensure_folder(name) if is_packaged(name) else Path(name).expanduser())
