@@ -125,7 +125,8 @@ SCHEMA: dict[str, Any] = {
         "before_training": _BOOL,
         "loss_split": _str("validation", nullable=True),
         "loss_rows": _int("an integer >= 1 or null", "200", lo=1, nullable=True),
-        "loss_every": _int("an integer >= 0", "100", lo=0),
+        "loss_every": Rule((int, str), "an integer >= 0, or epoch", "100", False,
+                           lambda v: v == "epoch" if isinstance(v, str) else v >= 0),
     },
     "health": {
         "at": _pos_float("0.1"),

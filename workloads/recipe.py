@@ -26,7 +26,7 @@ from fp8lab_conf.contracts import (
 from workloads.data import load as data_mod
 from workloads.data.chat_template import apply_chat_template_override
 from workloads.data.heldout import load_heldout
-from workloads.data.lengths import measure, resolve_train_keys
+from workloads.data.lengths import loss_every_steps, measure, resolve_train_keys
 from workloads.eval.harness import evaluate_tasks
 from workloads.eval.heldout import curve_hook, heldout_loss
 from workloads.embedded.paths import embedded_paths
@@ -269,8 +269,8 @@ def train_metrics(train: TrainResult, trial: Trial) -> dict[str, float]:
 
 def loss_curve(trial: Trial, eval_cfg: dict[str, Any]) -> Callable[[int], dict[str, float]] | None:
     """The training loop's hook for the `eval/loss` curve every ``eval.loss_every`` steps."""
-    return curve_hook(trial.model, trial.heldout, int(eval_cfg["loss_every"]), int(eval_cfg["batch_size"]),
-                      trial.device, trial.handle)
+    every = loss_every_steps(eval_cfg["loss_every"], len(trial.train_data), trial.batch_size, trial.settings.grad_accum)
+    return curve_hook(trial.model, trial.heldout, every, int(eval_cfg["batch_size"]), trial.device, trial.handle)
 
 
 def heldout_metrics(trial: Trial, eval_cfg: dict[str, Any]) -> tuple[dict[str, float], list[dict[str, float]]]:

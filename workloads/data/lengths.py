@@ -90,6 +90,12 @@ def epoch_steps(epochs: float, rows: int, batch_size: int, grad_accum: int) -> i
     return max(1, math.ceil(epochs * per_epoch))
 
 
+def loss_every_steps(loss_every: int | str, rows: int, batch_size: int, grad_accum: int) -> int:
+    """`eval.loss_every` in optimizer steps: a number as it is, `epoch` the steps of one pass over
+    the rows (HF Trainer's eval_strategy="epoch")."""
+    return epoch_steps(1, rows, batch_size, grad_accum) if loss_every == "epoch" else int(loss_every)
+
+
 def row_lengths(rows: Any, data_cfg: dict[str, Any], tokenizer: Any) -> list[int]:
     """Each training row's token count, as `tokenize_rows` tokenizes it (untruncated)."""
     from workloads.data.formats import detect_format

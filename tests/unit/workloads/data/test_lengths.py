@@ -15,7 +15,7 @@ from orchestrator.schema import validate_config
 from orchestrator.trial_id import compute_trial_id
 from workloads import preflight
 from workloads.data.chat_template import training_tokenizer
-from workloads.data.lengths import derived_max_seq_len, epoch_steps, measure, row_lengths
+from workloads.data.lengths import derived_max_seq_len, epoch_steps, loss_every_steps, measure, row_lengths
 from workloads.embedded.paths import embedded_paths
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -137,3 +137,11 @@ def test_bad_chat_template_is_one_line(tmp_path: Path, base_config: dict, templa
     problems = _data_problems(_config(base_config, tmp_path / "chat.jsonl", chat_template=template))
     assert len(problems) == 1 and problems[0].startswith("data.chat_template: ") and text in problems[0], problems
     assert "(fix: " in problems[0]
+
+
+def test_held_out_loss_every_epoch() -> None:
+    assert loss_every_steps("epoch", 3000, 16, 1) == 188 and loss_every_steps("epoch", 3000, 8, 2) == 188
+    assert loss_every_steps(200, 3000, 16, 1) == 200
+    assert validate_config(to_container(compose_config(["eval.loss_every=epoch"]))) == []
+    assert validate_config(to_container(compose_config(["eval.loss_every=epochs"])))[0].startswith(
+        "eval.loss_every: must be an integer >= 0, or epoch, got 'epochs'")
