@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import fmt
+from analysis.disagreements import disagreement_blocks
 from analysis.early_warning import early_warning_blocks
 from analysis.figures import FigureArtifact
 from analysis.load import SweepRef
@@ -42,6 +43,8 @@ class ReportInputs:
     environment: Sequence[tuple[str, str]]
     warnings: Sequence[str] = ()
     logged_to: str | None = None
+    disagreements: pd.DataFrame | None = None
+    """Items where a policy and the baseline disagree (`analysis.disagreements`); None: not computed."""
 
 
 def _axes_of(frame: pd.DataFrame) -> list[str]:
@@ -530,6 +533,8 @@ def build_document(inp: ReportInputs) -> Document:
     for section in (intro_blocks, verdict_blocks, summary_blocks, figure_blocks, mechanism_blocks, cost_blocks,
                     problem_blocks):  # fmt: skip
         blocks += section(inp)
+    if inp.disagreements is not None:
+        blocks += disagreement_blocks(inp.disagreements, inp.options.baseline_policy)
     blocks += early_warning_blocks(inp.trials, inp.options)
     blocks += [Heading("Environment"), Bullets([f"{k}: {v}" for k, v in inp.environment])]
     blocks += statistics_blocks(inp)

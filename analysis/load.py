@@ -40,7 +40,7 @@ R = TypeVar("R")
 
 # The report reads the per-layer cast statistics; `value` (per-parameter LoRA rows) is not used.
 TELEMETRY_COLUMNS = tuple(c for c in contracts.TELEMETRY_COLUMNS if c != "value")
-SAMPLE_COLUMNS = ("run_id", "task", "doc_id", "metric", "value")
+SAMPLE_COLUMNS = ("run_id", "task", "doc_id", "metric", "value", "prompt", "target", "response")
 ENV_JSON = "env.json"
 SWEEP_TRIALS_JSON = "sweep/trials.json"
 _PAGE = 1000
@@ -467,7 +467,9 @@ def _sample_files(tracking_uri: str, run_id: str, artifact_uri: str, dst: str) -
 
 
 def read_samples(path: Path) -> pd.DataFrame:
-    """One task's per-item results: doc_id, metric, value; malformed lines are skipped with a warning."""
+    """One task's per-item results: doc_id, metric, value, and the prompt, target (the gold option's
+    text for multiple choice) and response where the run logged them (None in older stores);
+    malformed lines are skipped with a warning."""
     rows, bad = [], 0
     with path.open(encoding="utf-8", errors="replace") as fh:
         for line in fh:
@@ -475,12 +477,13 @@ def read_samples(path: Path) -> pd.DataFrame:
                 continue
             try:
                 item = json.loads(line)
-                rows.append((int(item["doc_id"]), str(item.get("metric", "")), float(item["value"])))
-            except (ValueError, TypeError, KeyError):
+                rows.append((int(item["doc_id"]), str(item.get("metric", "")), float(item["value"]), item.get("prompt"),
+                             item.get("gold", item.get("target")), item.get("response")))
+            except (ValueError, TypeError, KeyError, AttributeError):
                 bad += 1
     if bad:
         log.warning("%s: %d malformed line(s) skipped", path, bad)
-    return pd.DataFrame(rows, columns=["doc_id", "metric", "value"])
+    return pd.DataFrame(rows, columns=["doc_id", "metric", "value", "prompt", "target", "response"])
 
 
 def fetch_samples(tracking_uri: str, runs: Sequence[tuple[str, str]], workers: int = 8) -> pd.DataFrame:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from analysis import load
 from analysis.compare import Evidence
+from analysis.disagreements import DISAGREEMENTS_CSV, disagreements
 from analysis.document import ReportInputs, build_document
 from analysis.loss_compare import LossEvidence
 from analysis.environment import environment_items
@@ -61,11 +62,13 @@ class ReportResult:
     warnings: tuple[str, ...]
     seconds: float
     timings: dict[str, float]
+    disagreements_csv: Path | None = None
+    """Items where a policy and the baseline disagree (`analysis.disagreements`), when any."""
 
     @property
     def paths(self) -> tuple[Path, ...]:
         """Every file written."""
-        extra = (self.ablations_csv,) if self.ablations_csv else ()
+        extra = tuple(p for p in (self.ablations_csv, self.disagreements_csv) if p)
         return (self.report_md, self.report_html, self.summary_csv, self.runs_csv, *extra, *self.figures)
 
 
@@ -183,6 +186,7 @@ def generate_report(
             tracking_uri, [(r, str(uris.get(r) or "")) for r in counted["run_id"]], options.max_workers
         )
     evidence = Evidence.of(samples)
+    disagree = disagreements(counted, samples, options.baseline_policy)
     loss_evidence = LossEvidence.of(loss_rows)
     t = lap("eval_samples", t)
     summary = apply_probe(build_summary(trials, options, superseded, evidence, loss_evidence),
@@ -208,6 +212,7 @@ def generate_report(
             environment=env,
             warnings=warnings,
             logged_to=ref.parent_run_id if will_log else None,
+            disagreements=disagree,
         )
     )
 
@@ -216,6 +221,8 @@ def generate_report(
                      "report.html": to_html(doc), "report.md": to_markdown(doc, FIGURE_DIR)})
     if len(ablations):
         payloads["ablations.csv"] = ablations.to_csv(index=False)
+    if len(disagree):
+        payloads[DISAGREEMENTS_CSV] = disagree.to_csv(index=False)
     try:  # the whole folder at once: never a mix of two reports, nothing changed on failure
         written = write_folder_atomic(out_dir, payloads, MANIFEST)
     except OSError as exc:
@@ -253,4 +260,5 @@ def generate_report(
         warnings=tuple(warnings),
         seconds=round(time.perf_counter() - t0, 3),
         timings=timings,
+        disagreements_csv=out_dir / DISAGREEMENTS_CSV if len(disagree) else None,
     )

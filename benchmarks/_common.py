@@ -163,6 +163,7 @@ def build_trial(
     (the verdict itself, a host-side rule check once per trial, is left out)."""
     from workloads import recipe
     from workloads.embedded.paths import embedded_paths
+    from workloads.data.lengths import resolve_train_keys
     from workloads.health.monitor import HealthMonitor
     from workloads.health.rules import HealthRules
     from workloads.health.signals import AdapterProbe, base_weight_norms
@@ -181,6 +182,7 @@ def build_trial(
         model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
     else:
         model, tokenizer = wide_model(paths.model_dir, hidden, layers)
+    config = resolve_train_keys(config, tokenizer, paths.data_dir, paths.model_dir)  # train.max_seq_len: null -> from the data
     model = attach_lora(model, config["lora"], seed)
     train_data = recipe.setup_data(config["data"], config["train"]["max_seq_len"], tokenizer, paths.data_dir)
     base_norms = base_weight_norms(model) if health else None  # before the backend converts the base layers

@@ -89,7 +89,16 @@ NON_SEMANTIC_KEYS: tuple[str, ...] = (
     "train.checkpoint_every",
     "train.checkpoint_dir",
     "eval.batch_size",
+    "data.max_truncated_pct",  # only refuses a cut before training; a trial that runs is the same trial
 )
+# Keys added after trial ids were published, at the value that trains exactly what a config
+# without them trained: left out of the trial id at that value (and only then), so earlier
+# results keep their ids and a rerun skips them (orchestrator/trial_id.py).
+ID_NEUTRAL_DEFAULTS: dict[str, object] = {
+    "train.epochs": None,
+    "train.grad_accum": 1,
+    "data.chat_template": None,
+}
 
 # --- metrics ----------------------------------------------------------------------------------
 METRIC_ACCURACY = "eval/accuracy"

@@ -32,6 +32,7 @@ EPILOG = """examples:
   fp8lab trial --cfg job                        # print the composed config
   fp8lab trial --info                           # config search path, every group's options
   fp8lab policies                               # the precision policies: name, version, ladder base
+  fp8lab data preview data.path=sft.jsonl -n 3  # the rows as trained: loss tokens marked, counts, truncation
 """
 
 
@@ -67,10 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="leave the MLflow store untouched: no report/ artifacts, no closing of lost runs")
     _add_hydra_args(report, cfg=False)
     from orchestrator.bench_cmd import add_bench_parser
+    from orchestrator.data_preview import add_data_parser
     from orchestrator.export_cmd import add_export_parser
 
     add_export_parser(sub)
     add_bench_parser(sub)
+    add_data_parser(sub)
     ui = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the configured store")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "trial": cmd_trial, "sweep": cmd_sweep, "report": cmd_report, "export": cmd_export, "ui": cmd_ui,
-        "bench": cmd_bench, "policies": cmd_policies}
+        "bench": cmd_bench, "policies": cmd_policies, "data": cmd_data}
     try:
         _hydra_flags(args)
         if getattr(args, "info", False):
@@ -329,6 +332,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     args.overrides = rewrite_sweep_overrides(args.overrides, args.config_dir).overrides
     args.command = "sweep"  # the overrides are axes now, as for `fp8lab sweep`
     return run_bench(args, _composed(args))
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from orchestrator.data_preview import run_preview
+
+    return run_preview(args, _composed(args))
 
 
 def cmd_ui(args: argparse.Namespace) -> int:

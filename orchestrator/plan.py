@@ -9,6 +9,7 @@ two imports overlap and a sweep reaches its first training step seconds sooner.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec, expand_sweep
 from orchestrator.preflight_child import start_preflight
+from orchestrator.trial_id import compute_trial_id
 from fp8lab_conf.filesystem import folder_is_writable
 
 
@@ -45,8 +47,9 @@ def plan_sweep(config: dict[str, Any], overrides: list[str], config_dir: str | N
     uri = runs.absolute_uri(config["tracking"]["uri"])
     checks = [lambda: runs.check_store(uri), lambda: ray_runner.check_address(config["cluster"]),
               lambda: ray_runner.check_local_resources(config["cluster"]), lambda: _check_report_folder(config)]
+    resolved: list[dict[str, Any]] = []
     if pending is not None:
-        checks.insert(0, pending.wait)
+        checks.insert(0, lambda: resolved.extend(pending.wait()))
     problems = []
     for check in checks:  # every problem at once, none of them writes anything
         try:
@@ -55,10 +58,21 @@ def plan_sweep(config: dict[str, Any], overrides: list[str], config_dir: str | N
             problems += exc.problems
     if problems:
         raise UserInputError(problems)
+    specs = [with_data_keys(s, keys) for s, keys in zip(specs, resolved)] if resolved else specs
     plan = SweepPlan(config, specs, sweep_id_for(config["sweep"]["name"], specs), uri, force=force)
     if not force:
         plan.skipped = _already_finished(uri, config["sweep"]["name"], specs)
     return plan
+
+
+def with_data_keys(spec: TrialSpec, train_keys: dict[str, Any]) -> TrialSpec:
+    """The cell with the `train` keys its data decided (preflight measured the rows), and the
+    trial id of what will run: `train.max_seq_len: null` that the data makes 32 is the trial an
+    explicit 32 was, so results and dedupe carry over."""
+    if not train_keys or all(spec.config["train"].get(k) == v for k, v in train_keys.items()):
+        return spec
+    config = {**spec.config, "train": {**spec.config["train"], **train_keys}}
+    return dataclasses.replace(spec, config=config, trial_id=compute_trial_id(config))
 
 
 def sweep_id_for(name: str, specs: list[TrialSpec]) -> str:

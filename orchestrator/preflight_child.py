@@ -29,7 +29,9 @@ class PendingPreflight:
             except BrokenPipeError:
                 pass
 
-    def wait(self) -> None:
+    def wait(self) -> list[dict[str, Any]]:
+        """Per config (in order), the `train` keys its data decided (`train.max_seq_len: null`,
+        `train.epochs` -> steps); raises UserInputError listing every problem."""
         try:
             stdout, stderr = self._proc.communicate()
         except BaseException:  # Ctrl-C while waiting: leave no child behind
@@ -39,9 +41,10 @@ class PendingPreflight:
         if self._proc.returncode != 0:
             tail = (stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"preflight checks crashed: {tail}")
-        problems = json.loads(stdout)
-        if problems:
-            raise UserInputError(problems)
+        answer = json.loads(stdout)
+        if answer["problems"]:
+            raise UserInputError(answer["problems"])
+        return answer["train"]
 
 
 def start_preflight(configs: list[dict[str, Any]]) -> PendingPreflight:

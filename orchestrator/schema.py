@@ -70,6 +70,8 @@ SCHEMA: dict[str, Any] = {
         "messages_field": _str("messages"),
         "target_delimiter": Rule((str,), "a string", '" "'),
         "max_train_examples": _int("an integer >= 1 or null", "1000", lo=1, nullable=True),
+        "max_truncated_pct": Rule((int, float), "a percentage in [0, 100]", "1", False, lambda v: 0 <= v <= 100),
+        "chat_template": _str("/path/to/template.jinja", nullable=True),
     },
     "lora": {
         "r": _int("an integer >= 1", "8", lo=1),
@@ -89,9 +91,11 @@ SCHEMA: dict[str, Any] = {
         },
     },
     "train": {
-        "steps": _int("an integer >= 1", "400", lo=1),
+        "steps": _int("an integer >= 1", "400", lo=1, nullable=True),
+        "epochs": _pos_float("2", nullable=True),
         "batch_size": _int("an integer >= 1", "16", lo=1),
-        "max_seq_len": _int("an integer >= 8", "32", lo=8),
+        "grad_accum": _int("an integer >= 1", "1", lo=1),
+        "max_seq_len": _int("an integer >= 8", "32", lo=8, nullable=True),
         "lr": _pos_float("2e-4", upper=1.0),
         "weight_decay": _nonneg_float("0.0"),
         "warmup_steps": _int("an integer >= 0", "20", lo=0),
@@ -121,7 +125,8 @@ SCHEMA: dict[str, Any] = {
         "before_training": _BOOL,
         "loss_split": _str("validation", nullable=True),
         "loss_rows": _int("an integer >= 1 or null", "200", lo=1, nullable=True),
-        "loss_every": _int("an integer >= 0", "100", lo=0),
+        "loss_every": Rule((int, str), "an integer >= 0, or epoch", "100", False,
+                           lambda v: v == "epoch" if isinstance(v, str) else v >= 0),
     },
     "health": {
         "at": _pos_float("0.1"),
@@ -181,7 +186,23 @@ def validate_config(cfg: dict) -> list[str]:
     problems += _check_axes(cfg.get("sweep", {}).get("axes"), cfg)
     problems += _check_eval(cfg.get("eval"))
     problems += _check_health(cfg.get("health"), cfg.get("train"))
+    problems += _check_length(cfg.get("train"))
     return problems
+
+
+def _check_length(train: Any) -> list[str]:
+    """How long training runs: `train.steps` or `train.epochs`, exactly one (never one silently
+    winning over the other, as HF Trainer's max_steps does over num_train_epochs)."""
+    if not isinstance(train, dict):
+        return []
+    steps, epochs = train.get("steps"), train.get("epochs")
+    if steps is not None and epochs is not None:
+        return [f"train.epochs: set together with train.steps={steps}; use one (fix: train.steps=null "
+                f"train.epochs={epochs}, or train.epochs=null)"]
+    if steps is None and epochs is None:
+        return ["train.steps: null and train.epochs is null too: nothing says how long to train "
+                "(fix: train.steps=400 or train.epochs=1)"]
+    return []
 
 
 def _walk(node: Any, schema: dict, prefix: str, problems: list[str]) -> None:

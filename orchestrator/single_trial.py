@@ -24,7 +24,7 @@ from orchestrator.trial_id import compute_trial_id
 
 
 def run_single_trial(config: dict[str, Any], overrides: list[str], force: bool = False) -> dict[str, Any]:
-    from workloads.preflight import check_config  # lighter than workloads.entry: bad input fails sooner
+    from workloads.preflight import check_config, resolve_config  # lighter than workloads.entry: bad input fails sooner
 
     uri = runs.absolute_uri(config["tracking"]["uri"])
     problems = check_config(config)
@@ -34,6 +34,7 @@ def run_single_trial(config: dict[str, Any], overrides: list[str], force: bool =
         problems += exc.problems
     if problems:
         raise UserInputError(problems)
+    config = resolve_config(config)  # the `train` keys the data decides, as a sweep's cell gets them
     from workloads.entry import run  # the trial runs here: the training stack is needed anyway
 
     spec = TrialSpec(tuple(overrides), {}, config, compute_trial_id(config))

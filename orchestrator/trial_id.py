@@ -12,20 +12,29 @@ import hashlib
 import json
 from typing import Any
 
-from fp8lab_conf.contracts import NON_SEMANTIC_KEYS
+from fp8lab_conf.contracts import ID_NEUTRAL_DEFAULTS, NON_SEMANTIC_KEYS
 
 
 def semantic_config(config: dict) -> dict:
-    """The config with non-semantic keys removed."""
+    """The config with non-semantic keys removed, and keys at their id-neutral default."""
     pruned = copy.deepcopy(config)
     for dotted in NON_SEMANTIC_KEYS:
-        *parents, leaf = dotted.split(".")
-        node: Any = pruned
-        for part in parents:
-            node = node.get(part, {}) if isinstance(node, dict) else {}
-        if isinstance(node, dict):
-            node.pop(leaf, None)
+        _drop(pruned, dotted)
+    for dotted, neutral in ID_NEUTRAL_DEFAULTS.items():
+        _drop(pruned, dotted, only_if=neutral)
     return pruned
+
+
+_ANY = object()
+
+
+def _drop(config: dict, dotted: str, only_if: Any = _ANY) -> None:
+    *parents, leaf = dotted.split(".")
+    node: Any = config
+    for part in parents:
+        node = node.get(part, {}) if isinstance(node, dict) else {}
+    if isinstance(node, dict) and leaf in node and (only_if is _ANY or node[leaf] == only_if):
+        del node[leaf]
 
 
 def compute_trial_id(config: dict) -> str:

@@ -173,7 +173,8 @@ class InProcessTrial:
         if self._batches is None:
             from workloads.data import load as data_mod
 
-            self._batches = data_mod.batches(self.data, self.batch_size, 10**9, self.seed)
+            rows = self.batch_size * self.settings.grad_accum  # an optimizer step's rows, as Trial.batches
+            self._batches = data_mod.batches(self.data, rows, 10**9, self.seed)
         return self._batches
 
 

@@ -24,8 +24,11 @@ def check_config(config: dict[str, Any]) -> list[str]:
     """Every problem found for one trial config, one line each."""
     problems: list[str] = []
     problems += check_model(config["model"])
-    problems += check_model_fit(config) if not problems else []
     data_problems = check_data(config)
+    if not problems and not data_problems:
+        data_problems = data_plan(config)[1]
+        config = resolve_config(config)
+    problems += check_model_fit(config) if not problems and config["train"]["max_seq_len"] else []
     problems += data_problems
     problems += check_policy(config["precision"])
     if not problems:
@@ -64,6 +67,7 @@ def check_model_fit(config: dict[str, Any]) -> list[str]:
     from workloads.model.checks import inspect_folder
     from workloads.model.sizing import check_fit
 
+    config = config if config["train"]["max_seq_len"] else resolve_config(config)  # the limit the data gives
     name = config["model"]["name_or_path"]
     folder = Path(__file__).resolve().parent / "embedded" / "assets" / "base_model" if name == "embedded" else (
         ensure_folder(name) if is_packaged(name) else Path(name).expanduser())
@@ -109,6 +113,46 @@ def check_data(config: dict[str, Any]) -> list[str]:
 
 
 _DATA_CHECKED: dict[str, list[str]] = {}
+
+
+def data_plan(config: dict[str, Any]) -> tuple[dict[str, int], list[str]]:
+    """(the `train` keys the training rows decide, the refusal of a limit that cuts too much):
+    `workloads.data.lengths`. Local data only (a hub dataset is measured by the trial itself);
+    read once per distinct data/model/length setting, like `check_data`."""
+    from workloads.data.load import locate
+    from workloads.embedded.paths import embedded_paths
+
+    train = {k: config["train"].get(k) for k in ("max_seq_len", "steps", "epochs", "batch_size", "grad_accum")}
+    key = json.dumps([config["data"], config["model"], train], sort_keys=True, default=str)
+    if key not in _PLANS:
+        paths = embedded_paths()
+        if locate(config["data"]["path"], paths.data_dir).hub_name:
+            _PLANS[key] = ({}, [])
+        else:
+            _PLANS[key] = _measured_plan(config, paths)
+    return _PLANS[key]
+
+
+def _measured_plan(config: dict[str, Any], paths: Any) -> tuple[dict[str, int], list[str]]:
+    from workloads.data.chat_template import training_tokenizer
+    from workloads.data.lengths import load_data_plan
+
+    try:
+        tokenizer = training_tokenizer(config["model"], config["data"], paths.model_dir)
+        plan = load_data_plan(config, tokenizer, paths.data_dir, paths.model_dir)
+    except ValueError as exc:  # a row the chat template cannot render: one line from formats
+        return {}, [str(exc)]
+    return plan.overrides(), [plan.problem] if plan.problem else []
+
+
+def resolve_config(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with the `train` keys its data decides filled in (`train.max_seq_len: null`,
+    `train.epochs`), as trained and logged; unchanged when already explicit or not measurable here."""
+    overrides = data_plan(config)[0]
+    return {**config, "train": {**config["train"], **overrides}} if overrides else config
+
+
+_PLANS: dict[str, tuple[dict[str, int], list[str]]] = {}
 
 
 def check_policy(precision_cfg: dict[str, Any]) -> list[str]:
@@ -212,6 +256,7 @@ def _detected_gpus() -> int:
 def check_many(configs: list[dict[str, Any]]) -> list[str]:
     """Problems across configs, each distinct problem once (a sweep repeats most of them)."""
     _DATA_CHECKED.clear()  # files may have changed since an earlier call in this process
+    _PLANS.clear()
     seen: dict[str, None] = {}
     checked: set[str] = set()
     for cluster in {json.dumps(c["cluster"], sort_keys=True, default=str): c["cluster"] for c in configs}.values():
@@ -228,9 +273,22 @@ def check_many(configs: list[dict[str, Any]]) -> list[str]:
     return list(seen)
 
 
+def preview_data(config: dict[str, Any], n_rows: int, start: int) -> Any:
+    """`fp8lab data preview`: the rows as trained (`workloads.data.preview`), on the shipped paths."""
+    from workloads.data.preview import preview
+    from workloads.embedded.paths import embedded_paths
+
+    paths = embedded_paths()
+    return preview(config, n_rows, start, paths.data_dir, paths.model_dir)
+
+
 def main() -> None:
+    """Problems of every config, and the `train` keys each one's data decides (empty when the
+    config is invalid: the orchestrator refuses it anyway)."""
     configs = json.load(sys.stdin)
-    json.dump(check_many(configs), sys.stdout)
+    problems = check_many(configs)
+    resolved = [] if problems else [data_plan(c)[0] for c in configs]
+    json.dump({"problems": problems, "train": resolved}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ from fp8lab_conf.contracts import (
     STATUS_STOPPED_EARLY,
 )
 from workloads.data import load as data_mod
+from workloads.data.chat_template import apply_chat_template_override
 from workloads.data.heldout import load_heldout
+from workloads.data.lengths import loss_every_steps, measure, resolve_train_keys
 from workloads.embedded.paths import embedded_paths
 from workloads.eval.heldout import curve_hook, heldout_loss
 from workloads.eval.metrics import eval_aggregate
@@ -105,6 +107,7 @@ def loop_settings(train_cfg: dict[str, Any], telemetry_cfg: dict[str, Any]) -> L
         warmup_steps=train_cfg["warmup_steps"], lr_schedule=train_cfg["lr_schedule"], grad_clip=train_cfg["grad_clip"],
         log_every=train_cfg["log_every"],
         telemetry_every=telemetry_cfg["every"] if telemetry_cfg["enabled"] else None,
+        grad_accum=int(train_cfg.get("grad_accum") or 1),
     )
 
 
@@ -130,8 +133,15 @@ class Trial:
     heldout: Any = None  # the held-out rows of `eval/loss` (tokenized like the training rows), or None
 
     def batches(self, start_step: int = 0) -> Any:
-        """The training batches after ``start_step`` (deterministic in seed and step)."""
-        return data_mod.batches(self.train_data, self.batch_size, self.settings.steps, self.seed, start_step)
+        """The training batches after ``start_step`` (deterministic in seed and step): each one
+        an optimizer step's rows, ``train.grad_accum`` micro-batches of ``batch_size``."""
+        return data_mod.batches(self.train_data, self.batch_size * self.settings.grad_accum, self.settings.steps,
+                                self.seed, start_step)
+
+    def data_metrics(self) -> dict[str, float]:
+        """The limit trained with and what it cut (`data/*`): logged, so a cut is never silent."""
+        lengths = self.train_data.lengths or []
+        return measure(lengths, int(self.train_data.input_ids.shape[1])).metrics() if lengths else {}
 
 
 class SetupHooks(Protocol):
@@ -202,6 +212,8 @@ def setup(config: dict[str, Any], hooks: SetupHooks | None = None) -> Trial:
     paths = embedded_paths()
     memory = PeakMemory(device)
     model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
+    tokenizer = apply_chat_template_override(tokenizer, config["data"])
+    config = resolve_train_keys(config, tokenizer, paths.data_dir, paths.model_dir)  # no-op once preflight did it
     model = attach_lora(model, config["lora"], seed)  # seeds its own draws: the data stage draws none
     train_data = setup_data(config["data"], int(config["train"]["max_seq_len"]), tokenizer, paths.data_dir,
                             hooks.on_rows if hooks is not None else None)
@@ -325,13 +337,14 @@ def train_metrics(train: TrainResult, trial: Trial) -> dict[str, float]:
         METRIC_UNDERFLOW_EVENTS: float(train.underflow_events),
         "memory/peak_bytes": float(trial.memory.peak_bytes()),
         "memory/base_weight_bytes": float(trial.handle.base_weight_bytes()),
+        **trial.data_metrics(),
     }
 
 
 def loss_curve(trial: Trial, eval_cfg: dict[str, Any]) -> Callable[[int], dict[str, float]] | None:
     """The training loop's hook for the `eval/loss` curve every ``eval.loss_every`` steps."""
-    return curve_hook(trial.model, trial.heldout, int(eval_cfg["loss_every"]), int(eval_cfg["batch_size"]),
-                      trial.device, trial.handle)
+    every = loss_every_steps(eval_cfg["loss_every"], len(trial.train_data), trial.batch_size, trial.settings.grad_accum)
+    return curve_hook(trial.model, trial.heldout, every, int(eval_cfg["batch_size"]), trial.device, trial.handle)
 
 
 def heldout_metrics(trial: Trial, eval_cfg: dict[str, Any]) -> tuple[dict[str, float], list[dict[str, float]]]:

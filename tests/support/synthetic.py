@@ -58,6 +58,9 @@ class SynthTrial:
     samples: Mapping[str, Sequence[float]] = field(default_factory=dict)
     """task -> per-item values (doc_id = position), written as `eval/samples/<task>.jsonl`."""
     sample_metric: str = "acc"
+    sample_text: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    """task -> per-item readable fields (prompt, target, response, ...) merged into its samples;
+    absent: the samples of stores written before they carried them."""
     tags: Mapping[str, str] = field(default_factory=dict)
     """Extra tags (fp8lab.ladder, fp8lab.deviations, ...)."""
     metrics: Mapping[str, float] = field(default_factory=dict)
@@ -229,7 +232,9 @@ def write_sweep(
             client.log_artifact(run_id, str(path), "telemetry")
         for task, values in t.samples.items():
             path = tmp / f"{task}.jsonl"
-            lines = (json.dumps({"doc_id": i, "metric": t.sample_metric, "value": float(v)}) for i, v in enumerate(values))
+            text = t.sample_text.get(task, ())
+            lines = (json.dumps({"doc_id": i, "metric": t.sample_metric, "value": float(v), **(text[i] if i < len(text) else {})})
+                     for i, v in enumerate(values))
             path.write_text("\n".join(lines) + "\n", encoding="utf-8")
             client.log_artifact(run_id, str(path), "eval/samples")
         status = t.mlflow_status or ("FAILED" if t.status == "FAILED" else "FINISHED")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from workloads.data.chat_template import chat_template_problems
 from workloads.data.load import DATA_SUFFIXES, DataSource, locate
 from workloads.data.formats import RowProblem, detect_format, row_problems
 from workloads.eval.metrics import EMBEDDED_TASK, configured_tasks
@@ -69,7 +70,8 @@ def check_data_inputs(config: dict[str, Any], embedded_dir: Path, embedded_model
     if fmt is None:
         return list(dict.fromkeys(problems))
     if fmt == "chat":
-        problems += check_chat_template(config["model"], embedded_model_dir)
+        problems += (chat_template_problems(data_cfg["chat_template"]) if data_cfg.get("chat_template")
+                     else check_chat_template(config["model"], embedded_model_dir))
     if path != "embedded" and local.is_dir() and uses_embedded_task(eval_cfg):
         problems += _check_eval_folder(local, source, splits, fmt, data_cfg)
     return list(dict.fromkeys(problems))
@@ -222,5 +224,6 @@ def check_chat_template(model_cfg: dict[str, Any], embedded_model_dir: Path) -> 
     if getattr(tokenizer, "chat_template", None):
         return []
     return [f"data.format: chat rows are rendered with the tokenizer's chat template, and {model_cfg['name_or_path']} has "
-            "none (fix: an instruct/chat model whose tokenizer_config.json has a chat_template, or prompt_completion rows)"]
+            "none (fix: data.chat_template=<a .jinja file or the template text>, an instruct/chat model whose "
+            "tokenizer_config.json has a chat_template, or prompt_completion rows)"]
 

@@ -107,6 +107,7 @@ class TokenizedData:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: torch.Tensor
+    lengths: list[int] | None = None  # each row's token count before the cut to max_seq_len
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -121,15 +122,17 @@ def tokenize_examples(examples: list[list[Segment]], tokenizer: Any, max_seq_len
     ids = torch.full((len(examples), max_seq_len), pad_id, dtype=torch.long)
     labels = torch.full_like(ids, -100)
     mask = torch.zeros_like(ids)
+    lengths = []
     for i, segments in enumerate(examples):
         full, trained = _encode(segments, tokenizer, add_special_tokens)
+        lengths.append(len(full))
         cut = max(0, len(full) - max_seq_len)
         full, trained = full[cut:], trained[cut:]
         ids[i, : len(full)] = torch.tensor(full)
         mask[i, : len(full)] = 1
         keep = torch.tensor(trained, dtype=torch.bool)
         labels[i, : len(full)] = torch.where(keep, ids[i, : len(full)], torch.full_like(keep, -100, dtype=torch.long))
-    return TokenizedData(ids, mask, labels)
+    return TokenizedData(ids, mask, labels, lengths)
 
 
 def _encode(segments: list[Segment], tokenizer: Any, add_special_tokens: bool) -> tuple[list[int], list[bool]]:

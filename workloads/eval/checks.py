@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workloads.eval.metrics import (PRIMARY_MEAN, TaskInfo, available, configured_tasks, eval_aggregate, eval_data_dirs,
+from workloads.eval.metrics import (EMBEDDED_TASK, PRIMARY_MEAN, TaskInfo, available, configured_tasks, eval_aggregate,
+                                    eval_data_dirs,
                                     resolve_primary)
 
 GENERATIVE = "generate_until"
@@ -32,6 +33,19 @@ def check_eval_tasks(config: dict[str, Any], data_has_problems: bool = False) ->
     return list(_check_cached(key))
 
 
+def default_task_problems(config: dict[str, Any]) -> list[str]:
+    """Your own training rows with no eval task set: the default task would score fp8lab's shipped
+    synthetic task, not your data, and say nothing. A data folder is the exception: the embedded
+    task scores its test.jsonl (`eval_data_dirs`), and the data checks say when it cannot."""
+    ev, path = config["eval"], str(config["data"]["path"])
+    if path == "embedded" or ev.get("task") or ev.get("tasks") or Path(path).expanduser().is_dir():
+        return []
+    return [f"eval.tasks: training on data.path={path} with no eval task set would score fp8lab's embedded "
+            "synthetic task, not your data (fix: eval.tasks=[<an lm-eval task for your data>] with "
+            f"eval.include_path=<your task YAMLs> if it is your own, or eval.task={EMBEDDED_TASK} to score the "
+            "shipped task anyway; the held-out loss eval/loss needs a validation split in a data folder)"]
+
+
 @functools.lru_cache(maxsize=32)
 def _check_cached(key: str) -> tuple[str, ...]:
     ev, data_path, model, data_has_problems = json.loads(key)
@@ -40,6 +54,8 @@ def _check_cached(key: str) -> tuple[str, ...]:
 
 def _check(config: dict[str, Any], data_has_problems: bool = False) -> list[str]:
     ev = config["eval"]
+    if not data_has_problems and (unset := default_task_problems(config)):
+        return unset
     key = "eval.tasks" if ev.get("tasks") else "eval.task"
     include = ev.get("include_path")
     if include and not Path(include).expanduser().is_dir():

@@ -196,7 +196,8 @@ def _task_outcome(name: str, out: dict[str, Any], key: str, task: Any, info: Tas
         "n": int(out.get("n-samples", {}).get(name, {}).get("effective", 0)),
         "higher_is_better": bool(info.higher_is_better.get(metric, True)),
         "metrics": task_metrics(name, raw),
-        "samples": item_values(out.get("samples", {}).get(name, []), key, task.aggregation().get(metric)),
+        "samples": item_values(out.get("samples", {}).get(name, []), key, task.aggregation().get(metric),
+                               getattr(task, "OUTPUT_TYPE", None)),
         "raw": raw,
     }
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from workloads.eval.samples import readable_fields
+
 EMBEDDED_TASK = "fp8lab_embedded"
 PRIMARY_MEAN = "mean"
 NO_FILTER = "none"
@@ -131,9 +133,11 @@ def task_metrics(task: str, raw: Mapping[str, Any], prefix: str = "eval/") -> di
 
 
 def item_values(logged: Sequence[Mapping[str, Any]], result_key: str,
-                aggregate: Callable[[list[Any]], float] | None = None) -> list[dict[str, Any]]:
-    """lm-eval's logged samples -> one `{"doc_id", "metric", "value"}` row per document for the
-    metric `result_key`. lm-eval logs every document once per filter: only the rows of that
+                aggregate: Callable[[list[Any]], float] | None = None,
+                output_type: str | None = None) -> list[dict[str, Any]]:
+    """lm-eval's logged samples -> one `{"doc_id", "metric", "value", "prompt", "target",
+    "response", ...}` row per document for the metric `result_key` (the readable fields:
+    `workloads.eval.samples`). lm-eval logs every document once per filter: only the rows of that
     metric's filter are kept. A tuple-valued item (perplexity) goes through `aggregate`, the
     task's own aggregation of that metric, applied to the one item."""
     metric, _, filter_key = result_key.partition(",")
@@ -145,7 +149,8 @@ def item_values(logged: Sequence[Mapping[str, Any]], result_key: str,
         value = sample[metric]
         if not isinstance(value, (int, float)) and aggregate is not None:
             value = aggregate([value])
-        rows.append({"doc_id": int(sample["doc_id"]), "metric": label, "value": float(value)})
+        rows.append({"doc_id": int(sample["doc_id"]), "metric": label, "value": float(value),
+                     **readable_fields(sample, output_type)})
     return sorted(rows, key=lambda r: r["doc_id"])
 
 

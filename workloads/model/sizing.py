@@ -70,7 +70,7 @@ def estimate(config: dict[str, Any], facts: ModelFacts) -> Estimate:
     bytes_per = CONFIG_DTYPE_BYTES.get(config["model"]["dtype"], 4)
     hidden, layers = int(cfg.get("hidden_size", 0)), int(cfg.get("num_hidden_layers", 0))
     vocab = int(cfg.get("vocab_size", 0))
-    batch, seq = int(train["batch_size"]), int(train["max_seq_len"])
+    batch, seq = int(train["batch_size"]), sequence_bound(config, facts)
     adapters = sum(rank * (a + b) for a, b in adapted_layers(facts, config["lora"]["target_modules"]).values()) * 16
     per_layer = batch * seq * hidden * 34 * bytes_per / 2
     activations = int(per_layer * layers + batch * seq * vocab * 12)
@@ -97,12 +97,19 @@ def trial_memory(config: dict[str, Any]) -> tuple[int, str] | None:
                             f"/ {cpus:g} CPUs")
 
 
+def sequence_bound(config: dict[str, Any], facts: ModelFacts) -> int:
+    """`train.max_seq_len`, or while it is still null (it comes from the data: preflight resolves
+    it first) the most it can become, the model's positions."""
+    cfg = facts.text_config()
+    return int(config["train"]["max_seq_len"] or cfg.get("max_position_embeddings") or cfg.get("n_positions") or 0)
+
+
 def check_fit(config: dict[str, Any], facts: ModelFacts) -> list[str]:
     """Every guard that fails, one line each with the fix."""
     cfg = facts.text_config()
     problems = []
     positions = cfg.get("max_position_embeddings") or cfg.get("n_positions")
-    seq = int(config["train"]["max_seq_len"])
+    seq = sequence_bound(config, facts)
     if positions and seq > positions:
         problems.append(f"train.max_seq_len: {seq} is more than the model's {positions} positions "
                         f"(max_position_embeddings in config.json) (fix: train.max_seq_len={positions} or less)")

@@ -36,6 +36,7 @@ class LoopSettings:
     grad_clip: float | None
     log_every: int
     telemetry_every: int | None  # None = telemetry off
+    grad_accum: int = 1  # micro-batches per optimizer step (``train.grad_accum``)
 
 
 @dataclass
@@ -57,10 +58,15 @@ class TrainResult:
 
 
 def train_step(model: Any, batch: dict[str, torch.Tensor], handle: Any, optimizer: torch.optim.Optimizer,
-               scheduler: Any, params: list[torch.nn.Parameter], clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step under the precision policy; returns (loss, LoRA grad norm) on device."""
-    loss = model(**batch).loss
-    handle.scale_loss(loss).backward()
+               scheduler: Any, params: list[torch.nn.Parameter], clip: float,
+               grad_accum: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step under the precision policy; returns (loss, LoRA grad norm) on device.
+    With ``grad_accum`` > 1 the batch is split into that many micro-batches (`accumulate`)."""
+    if grad_accum == 1:
+        loss = model(**batch).loss
+        handle.scale_loss(loss).backward()
+    else:
+        loss = accumulate(model, batch, handle, grad_accum)
     stepped = handle.prepare_step(optimizer)  # FP8 gradient hop, unscale, overflow check, LoRA telemetry
     grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
     if stepped:
@@ -69,6 +75,21 @@ def train_step(model: Any, batch: dict[str, torch.Tensor], handle: Any, optimize
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach(), grad_norm.detach()
+
+
+def accumulate(model: Any, batch: dict[str, torch.Tensor], handle: Any, parts: int) -> torch.Tensor:
+    """Forward and backward of ``batch`` in ``parts`` micro-batches, gradients summed: the same
+    gradient as the whole batch at once. Each micro-batch's loss is its summed token loss over
+    the whole batch's trained-token count (transformers' ``num_items_in_batch``, what HF Trainer
+    passes under gradient accumulation), so short and long micro-batches weigh as in one batch.
+    Returns the whole batch's mean loss (on device: no sync)."""
+    trained = (batch["labels"][:, 1:] != -100).sum()  # the tokens the causal LM loss counts
+    total = torch.zeros((), device=trained.device)
+    for index in torch.arange(batch["input_ids"].shape[0]).chunk(parts):
+        loss = model(**{k: v[index] for k, v in batch.items()}, num_items_in_batch=trained).loss
+        handle.scale_loss(loss).backward()
+        total = total + loss.detach()
+    return total
 
 
 def make_optimizer(params: list[torch.nn.Parameter], settings: LoopSettings) -> tuple[torch.optim.Optimizer, Any]:
@@ -109,7 +130,7 @@ def run_training(model: Any, handle: Any, telemetry: Any, make_batches: Callable
             before_step(step, params)
         n_tokens = int(batch["attention_mask"].sum())  # batches are built on the host: no sync
         batch = {k: v.to(_device(model)) for k, v in batch.items()}
-        loss, grad_norm = train_step(model, batch, handle, optimizer, scheduler, params, clip)
+        loss, grad_norm = train_step(model, batch, handle, optimizer, scheduler, params, clip, settings.grad_accum)
         first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss), step, first_bad)
         window_tokens += n_tokens
         result.tokens += n_tokens
