@@ -26,7 +26,9 @@ def finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[MlflowCli
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [*OVERRIDES, f"tracking.uri={uri}", f"trial.output={tmp_path / 'r.json'}"]
-    config = to_container(compose_config(args, None))
+    from workloads.preflight import resolve_config
+
+    config = resolve_config(to_container(compose_config(args, None)))  # as `fp8lab trial` ids it: train keys from the data
     client = MlflowClient(uri)
     experiment_id = runs.ensure_experiment(client, config["sweep"]["name"], config["tracking"]["artifact_location"])
     run = client.create_run(experiment_id, tags={"fp8lab.role": "trial", "fp8lab.status": "FINISHED",
