@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fp8lab_conf.filesystem import folder_is_writable
+from fp8lab_conf.filesystem import folder_is_writable, special_path_problem
 from workloads.eval.checks import check_eval_tasks
 from workloads.model.pretrained import ensure_folder, is_packaged, missing_requirements
 
@@ -43,6 +43,9 @@ def check_model(model_cfg: dict[str, Any]) -> list[str]:
     if is_packaged(name):
         return check_packaged(name)
     path = Path(name).expanduser()
+    special = special_path_problem(path)
+    if special:
+        return [f"model.name_or_path: {special} (fix: point it at a folder saved with save_pretrained)"]
     if path.exists() or name.startswith((".", "/", "~")):
         if not path.is_dir():
             return [f"model.name_or_path: folder {name} does not exist (fix: a folder saved with save_pretrained, or model.name_or_path=embedded)"]

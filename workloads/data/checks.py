@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from fp8lab_conf.filesystem import special_path_problem
 from workloads.data.load import DATA_SUFFIXES, DataSource, locate
 from workloads.data.formats import RowProblem, detect_format, row_problems
 from workloads.eval.metrics import EMBEDDED_TASK, configured_tasks
@@ -48,6 +49,9 @@ def check_data_inputs(config: dict[str, Any], embedded_dir: Path, embedded_model
     data_cfg, eval_cfg = config["data"], config["eval"]
     path = data_cfg["path"]
     local = Path(path).expanduser()
+    special = _special_files(local) if path != "embedded" else []
+    if special:
+        return special
     if path != "embedded" and not local.exists():
         if path.startswith((".", "/", "~")) or local.suffix in DATA_SUFFIXES:
             return [f"data.path: {path} does not exist (fix: a JSONL/Parquet file, a folder of <split>.jsonl files, "
@@ -73,6 +77,16 @@ def check_data_inputs(config: dict[str, Any], embedded_dir: Path, embedded_model
     if path != "embedded" and local.is_dir() and uses_embedded_task(eval_cfg):
         problems += _check_eval_folder(local, source, splits, fmt, data_cfg)
     return list(dict.fromkeys(problems))
+
+
+def _special_files(local: Path) -> list[str]:
+    """A symlink loop or a FIFO/device as data.path (or as a split file of its folder), named as
+    what it is: `exists()` calls a loop missing, and reading a FIFO would block the check."""
+    candidates = [local]
+    if local.is_dir():
+        candidates += sorted(p for p in local.iterdir() if p.suffix in DATA_SUFFIXES)
+    return [f"data.path: {problem} (fix: point data.path at a regular JSONL/Parquet file or a folder of them)"
+            for problem in map(special_path_problem, candidates) if problem]
 
 
 @dataclass
