@@ -88,6 +88,7 @@ NON_SEMANTIC_KEYS: tuple[str, ...] = (
     "train.device",
     "train.checkpoint_every",
     "train.checkpoint_dir",
+    "train.allow_long_run",  # only confirms a long run; the steps themselves are in the id
     "eval.batch_size",
 )
 
