@@ -64,7 +64,7 @@ def check_model_fit(config: dict[str, Any]) -> list[str]:
     """A local model folder's weights, shapes and tokenizer (headers only, nothing loaded), then
     whether the trial fits it (positions, LoRA rank, memory): `workloads.model.checks`,
     `workloads.model.sizing`. Hub ids are checked by their loader."""
-    from workloads.model.checks import inspect_folder
+    from workloads.model.checks import inspect_folder, tokenizer_load_problems
     from workloads.model.sizing import check_fit
 
     name = config["model"]["name_or_path"]
@@ -73,6 +73,7 @@ def check_model_fit(config: dict[str, Any]) -> list[str]:
     if not folder.is_dir():
         return []
     facts, problems = inspect_folder(folder)
+    problems = problems or tokenizer_load_problems(folder, bool(config["model"].get("trust_remote_code")))
     return problems or (check_fit(config, facts) if facts else [])
 
 
