@@ -243,8 +243,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from orchestrator.runs import absolute_uri
 
+    from orchestrator.store_checks import store_kind_problems
+
     config = _composed(args)
     uri = absolute_uri(config["tracking"]["uri"])
+    if problems := store_kind_problems(uri):
+        raise UserInputError(problems)
     experiment = args.experiment or (config["sweep"]["name"] if args.all else None)
     _close_lost_drivers(uri, experiment)
     result = _run_report(config, uri, experiment, args.sweep_id, args.all, args.out, generate_report)

@@ -33,6 +33,11 @@ COMPLETE = ("FINISHED", "DIVERGED")  # trial statuses that are a result; FAILED/
 
 def check_store(uri: str, timeout_s: float = 5.0) -> None:
     """Refuse early, with one line, when the tracking store cannot be reached or written."""
+    from orchestrator.store_checks import store_kind_problems  # noqa: PLC0415
+
+    problems = store_kind_problems(uri)
+    if problems:
+        raise UserInputError(problems)
     parsed = urlparse(uri)
     if parsed.scheme in ("http", "https"):
         try:
@@ -51,7 +56,7 @@ def check_store(uri: str, timeout_s: float = 5.0) -> None:
         if free < MIN_FREE_BYTES:
             raise UserInputError(f"tracking.uri: the disk holding {folder} is full ({free // 1024} KiB free) "
                                  "(fix: free space, or point tracking.uri=sqlite:///<path on another disk>/mlflow.db)")
-    elif parsed.scheme not in ("file", "") and parsed.scheme not in ("postgresql", "mysql", "databricks"):
+    elif parsed.scheme not in ("file", "") and parsed.scheme.split("+")[0] not in ("postgresql", "mysql", "databricks"):
         raise UserInputError(f"tracking.uri: unsupported scheme '{parsed.scheme}' (fix: sqlite:///mlflow.db or http://host:port)")
 
 
