@@ -112,6 +112,13 @@ def _folder_digest(files: list[Path], root: Path, sampled: set[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
+def files_digest(files: list[Path]) -> str:
+    """Digest of files anywhere (absolute, resolved paths), each hashed whole under the cache rule."""
+    digest = _folder_digest(files, Path("/"), set())
+    _CACHE.save()
+    return digest
+
+
 def data_digest(path: Path) -> str:
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     return _folder_digest(files, path if path.is_dir() else path.parent, set())
