@@ -32,6 +32,9 @@ TAG_STATUS = "fp8lab.status"  # FINISHED | DIVERGED | FAILED | KILLED
 TAG_REASON = "fp8lab.reason"
 TAG_DIVERGED_STEP = "fp8lab.diverged_step"
 TAG_RESUMED_FROM_STEP = "fp8lab.resumed_from_step"
+TAG_ATTEMPT = "fp8lab.attempt"  # 1, 2, ...: which start of the trial's worker wrote this run
+TAG_RETRY_OF = "fp8lab.retry_of"  # on a fresh attempt run: the run of the attempt it replaces
+TAG_SUPERSEDED_BY = "fp8lab.superseded_by"  # on that replaced (KILLED) run: the fresh attempt's run
 TAG_ADAPTER_ERROR = "fp8lab.adapter_error"  # why the adapter artifact could not be saved (the trial still counts)
 
 # --- where and how it ran ---------------------------------------------------------------------

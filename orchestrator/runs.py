@@ -21,7 +21,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from fp8lab_conf.contracts import (
     ROLE_SWEEP, ROLE_TRIAL, TAG_AXIS_PREFIX, TAG_DRIVER, TAG_DRIVER_LOST, TAG_POLICY, TAG_REASON, TAG_ROLE, TAG_SEED,
-    TAG_STATUS, TAG_SWEEP_ID, TAG_SWEEP_NAME, TAG_TRIAL_ID, TAG_VERSION,
+    TAG_RETRY_OF, TAG_STATUS, TAG_SWEEP_ID, TAG_SWEEP_NAME, TAG_TRIAL_ID, TAG_VERSION,
 )
 from orchestrator.errors import UserInputError
 from fp8lab_conf.filesystem import folder_is_writable
@@ -189,6 +189,18 @@ def finished_trials(client: MlflowClient, experiment_id: str) -> dict[str, str]:
         page_token = page.token
         if not page_token:
             return found
+
+
+def with_retries(client: MlflowClient, experiment_id: str, run_ids: list[str]) -> list[str]:
+    """`run_ids` and the fresh attempt runs a retried worker moved to from them (tag
+    `fp8lab.retry_of`, workloads/record/attempts.py), so an interrupted sweep closes those too."""
+    found, todo = list(run_ids), list(run_ids)
+    while todo:
+        old = todo.pop()
+        for run in client.search_runs([experiment_id], f"tags.`{TAG_RETRY_OF}` = '{old}'", max_results=100):
+            found.append(run.info.run_id)
+            todo.append(run.info.run_id)
+    return found
 
 
 def close_unfinished(client: MlflowClient, run_ids: list[str], status: str, reason: str) -> None:

@@ -168,7 +168,7 @@ SCHEMA: dict[str, Any] = {
         "speed_probe": _BOOL,
     },
     "fault": {
-        "kind": _choice("nan_weights", "raise", "kill", nullable=True),
+        "kind": _choice("nan_weights", "raise", "kill", "kill_in_eval", nullable=True),
         "step": _int("an integer >= 1", "1", lo=1),
         "once_file": _str("/tmp/fp8lab-fault-once", nullable=True),
     },

@@ -127,7 +127,7 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
     makespan = time.time() - started
     if plan.config["sweep"].get("speed_probe") and not interrupted:
         _speed_probe(plan, client, parent, console)
-    unfinished = [run_ids[t] for t in run_ids if t not in results]
+    unfinished = runs.with_retries(client, experiment_id, [run_ids[t] for t in run_ids if t not in results])
     _record_failures(client, run_ids, results)
     sweep_summary.log_policy_summary(client, parent, results, plan.skipped)
     runs.close_unfinished(client, unfinished, "KILLED", "sweep interrupted" if interrupted else "no result")
@@ -210,8 +210,9 @@ def _cancel(refs: dict) -> None:
 def _record_failures(client: MlflowClient, run_ids: dict[str, str], results: dict[str, dict[str, Any]]) -> None:
     """A worker that died past its retries could not close its run: do it here with the reason."""
     for trial_id, result in results.items():
-        if result["status"] == "FAILED":
-            runs.close_unfinished(client, [run_ids[trial_id]], "FAILED", result.get("reason", ""))
+        if result["status"] == "FAILED":  # the worker's own run: a retry may have moved to a fresh attempt run
+            attempt = result.get("mlflow_run_id") or run_ids[trial_id]
+            runs.close_unfinished(client, list(dict.fromkeys([run_ids[trial_id], attempt])), "FAILED", result.get("reason", ""))
 
 
 class _signals_raise_interrupt:

@@ -7,6 +7,7 @@ The orchestrator created the MLflow run; this module fills it and closes it.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from fp8lab_conf.contracts import (
-    METRIC_LOADAVG_END, METRIC_LOADAVG_START, METRIC_QUEUE_S, METRIC_TRIAL_WALL_S, STATUS_STOPPED_EARLY, TrialLaunch,
+    METRIC_LOADAVG_END, METRIC_LOADAVG_START, METRIC_QUEUE_S, METRIC_TRIAL_WALL_S, METRIC_UNDERFLOW_EVENTS,
+    STATUS_STOPPED_EARLY, TrialLaunch,
 )
 from workloads import recipe
 from workloads.eval.metrics import safe_name
@@ -38,10 +40,17 @@ def run_trial(ctx: TrialLaunch, progress: ProgressFn | None = None) -> dict[str,
     log_path, handler = _capture_log()
     result = _result_skeleton(config, ctx)
     started = time.perf_counter()
+    checkpointer = None
     try:
-        recorder.start(float(config["tracking"].get("system_metrics_interval_s", 0)))
+        checkpointer = recipe.setup_checkpointer(config["train"], ctx.trial_id, ctx.run_id)
+        run_id = recorder.start(float(config["tracking"].get("system_metrics_interval_s", 0)),
+                                resumable=bool(checkpointer and checkpointer.resumable()))
+        if run_id != ctx.run_id:  # a retry that could not resume: a fresh attempt run (record/attempts.py)
+            ctx = dataclasses.replace(ctx, run_id=run_id)
+            result["mlflow_run_id"] = run_id
+            checkpointer = recipe.setup_checkpointer(config["train"], ctx.trial_id, run_id)
         result["metrics"][METRIC_QUEUE_S] = recorder.queue_seconds()
-        _run(config, ctx, recorder, result, progress)
+        _run(config, ctx, recorder, result, progress, checkpointer)
     except Exception as exc:  # noqa: BLE001 - any failure becomes a FAILED result
         log.error("trial failed:\n%s", traceback.format_exc())
         result.update(status="FAILED", reason=f"{type(exc).__name__}: {exc}")
@@ -51,6 +60,8 @@ def run_trial(ctx: TrialLaunch, progress: ProgressFn | None = None) -> dict[str,
         result["metrics"][METRIC_TRIAL_WALL_S] = time.perf_counter() - started
         try:
             recorder.close(result, log_path)
+            if checkpointer:
+                checkpointer.remove()  # the run is closed: only now has the checkpoint served its purpose
         finally:
             shutil.rmtree(log_path.parent, ignore_errors=True)  # the temp folder too: nothing left in /tmp
     return result
@@ -76,10 +87,9 @@ class _SetupRecord:
 
 
 def _run(config: dict[str, Any], ctx: TrialLaunch, recorder: TrialRecorder,
-         result: dict[str, Any], progress: ProgressFn | None) -> None:
+         result: dict[str, Any], progress: ProgressFn | None, checkpointer: Any) -> None:
     trial = recipe.setup(config, _SetupRecord(config, recorder, result))
     faults = FaultInjector(config.get("fault"))
-    checkpointer = recipe.setup_checkpointer(config["train"], ctx.trial_id, ctx.run_id)
     if checkpointer:
         recorder.logger.flush_every = 10**9  # metrics at checkpoints only: a resume re-logs exactly the lost steps
     health_cfg = recipe.HealthSettings.from_config(config["health"], config["sweep"].get("early_stop", False))
@@ -89,8 +99,6 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, recorder: TrialRecorder,
     train = run_training(trial.model, trial.handle, trial.telemetry, trial.batches, trial.settings, recorder.logger,
                          progress, before_step=faults.before_step, checkpointer=checkpointer, health=health,
                          heldout=recipe.loss_curve(trial, config["eval"]))
-    if checkpointer:
-        checkpointer.remove()  # training is over: the checkpoint has served its purpose
     metrics = {**trial.base_metrics, **recipe.train_metrics(train, trial),
                METRIC_LOADAVG_START: load_start, METRIC_LOADAVG_END: load_average()}
     if train.status == "DIVERGED":
@@ -100,6 +108,7 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, recorder: TrialRecorder,
         result.update(status=STATUS_STOPPED_EARLY, reason=f"stopped early at step {train.steps_done}: {train.verdict}",
                       stopped_step=train.steps_done)
     else:
+        faults.before_eval()
         loss_metrics, loss_rows = recipe.heldout_metrics(trial, config["eval"])
         recorder.heldout(loss_rows)
         metrics.update(loss_metrics)
@@ -111,7 +120,8 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, recorder: TrialRecorder,
         result["health"] = train.verdict
     result["metrics"].update(metrics)
     keep_adapter = result["status"] == "FINISHED" and config["tracking"].get("log_adapter", True)
-    recorder.end(metrics, train.steps_done, train.telemetry_rows,
+    logged = {METRIC_UNDERFLOW_EVENTS} if train.underflow_logged_step == train.steps_done else set()  # by the loop
+    recorder.end({k: v for k, v in metrics.items() if k not in logged}, train.steps_done, train.telemetry_rows,
                  adapter=(ADAPTER_ARTIFACT, lambda folder: save_adapter(trial.model, folder)) if keep_adapter else None)
 
 

@@ -116,6 +116,15 @@ class Checkpointer:
         telemetry.events_total = state["telemetry_events"]
         return int(state["step"]), state["partial"]
 
+    def resumable(self) -> bool:
+        """Whether this run has a checkpoint to resume from (a retry then stays in the run)."""
+        if self.every <= 0 or not self.path.exists():
+            return False
+        try:
+            return torch.load(self.path, weights_only=False, map_location="cpu")["run_id"] == self.run_id
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint cannot be resumed from
+            return False
+
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
