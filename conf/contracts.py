@@ -35,6 +35,7 @@ TAG_RESUMED_FROM_STEP = "fp8lab.resumed_from_step"
 TAG_ATTEMPT = "fp8lab.attempt"  # 1, 2, ...: which start of the trial's worker wrote this run
 TAG_RETRY_OF = "fp8lab.retry_of"  # on a fresh attempt run: the run of the attempt it replaces
 TAG_SUPERSEDED_BY = "fp8lab.superseded_by"  # on that replaced (KILLED) run: the fresh attempt's run
+CHECKPOINT_OWNER_FILE = "run_id.txt"  # beside a trial's checkpoint.pt: the MLflow run it belongs to (read by the driver)
 TAG_ADAPTER_ERROR = "fp8lab.adapter_error"  # why the adapter artifact could not be saved (the trial still counts)
 
 # --- where and how it ran ---------------------------------------------------------------------

@@ -192,18 +192,24 @@ def submit(launch: TrialLaunch, board: Any, cluster: dict[str, Any], max_retries
 
 def wait_all(refs: dict[ray.ObjectRef, str], on_tick: Callable[[], None],
              on_result: Callable[[str, dict[str, Any]], None], tick_s: float = 0.5,
-             refill: Callable[[], list[ray.ObjectRef]] | None = None) -> None:
+             refill: Callable[[], list[ray.ObjectRef]] | None = None,
+             waiting: Callable[[], bool] | None = None) -> None:
     """Wait for every trial; a task that failed outright (worker died past its retries) becomes a
-    FAILED result instead of an exception, so one bad trial never stops the sweep. `refill`, after
-    each result, submits the next trial (its ref lands in `refs`) and returns the new refs."""
+    FAILED result instead of an exception, so one bad trial never stops the sweep. `refill`, every
+    tick, submits trials into free slots (their refs land in `refs`) and returns the new refs;
+    `waiting` says whether trials are still waiting for a claim another process holds."""
     pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=tick_s)
+    while pending or (waiting is not None and waiting()):
+        if pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=tick_s)
+        else:
+            ready = []
+            time.sleep(tick_s)
         for ref in ready:
             trial_id = refs[ref]
             try:
                 on_result(trial_id, ray.get(ref))
             except RayError as exc:
                 on_result(trial_id, {"status": "FAILED", "reason": f"worker failed: {_first_line(exc)}", "metrics": {}})
-            pending += refill() if refill else []
+        pending += refill() if refill else []
         on_tick()

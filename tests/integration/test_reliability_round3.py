@@ -74,3 +74,37 @@ def test_retry_that_cannot_resume_continues_in_a_fresh_attempt_run(store: Path) 
     assert [m.step for m in client.get_metric_history(new.info.run_id, "train/loss")] == [2, 4, 6]
     report = run_cli(["report", "--experiment", "r3-eval-plain", "--out", "rep-plain"], store)
     assert "(1 trials, 1 in the statistics)" in report.stdout, report.stdout
+
+
+def test_report_closes_a_sigkilled_single_trial(store: Path) -> None:
+    """Case 10: `fp8lab trial` SIGKILLed (here by its own fault, before evaluation) left its run
+    RUNNING for good; `fp8lab report` now sees its claim free and closes it KILLED."""
+    killed = run_cli(["trial", *TINY, "sweep.name=r3-single", "fault.kind=kill_in_eval"], store, check=False)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert [r.info.status for r in trial_runs(store, "r3-single")] == ["RUNNING"]
+    report = run_cli(["report", "--experiment", "r3-single", "--out", "rep-single"], store, check=False)
+    assert "its process is gone; marked KILLED (reason: process lost)" in report.stderr, report.stderr[-2000:]
+    [run] = trial_runs(store, "r3-single")
+    assert (run.info.status, run.data.tags["fp8lab.status"], run.data.tags["fp8lab.reason"]) == ("KILLED", "KILLED", "process lost")
+
+
+def test_overlapping_sweeps_never_train_one_trial_twice(store: Path) -> None:
+    """Case 5: two sweeps of one name and store that share a cell (bf16 seed 0), started together:
+    the cell trains once; the other sweep waits for it and reuses the result."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    common = ["sweep", *TINY, "sweep.report=false", "cluster.num_cpus=1", "sweep.name=r3-overlap", "sweep.axes.precision=[bf16]"]
+    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *common, f"sweep.axes.seed={seeds}"], cwd=store,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for seeds in ("[0]", "[0,1]")]
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n----\n".join(o[-3000:] for o in outputs)
+    runs = trial_runs(store, "r3-overlap")
+    per_trial = Counter(r.data.tags["fp8lab.trial_id"] for r in runs)
+    assert sorted(per_trial.values()) == [1, 1], ([(r.info.run_name, r.info.status) for r in runs], outputs)
+    assert all(r.info.status == "FINISHED" for r in runs)
+    joined = "\n".join(outputs)
+    assert "waiting for it" in joined or "already finished" in joined, joined[-3000:]

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from fp8lab_conf.contracts import CHECKPOINT_OWNER_FILE
+
 
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -94,6 +96,9 @@ class Checkpointer:
                 raise
             raise CheckpointDiskFull(self.path, step, self.folder) from None
         os.replace(tmp, self.path)
+        owner = self.folder / CHECKPOINT_OWNER_FILE
+        if not owner.exists() or owner.read_text() != self.run_id:
+            owner.write_text(self.run_id)  # lets the rerun of a lost driver reopen this run and resume
 
     def load(self, model: Any, optimizer: Any, scheduler: Any, handle: Any, telemetry: Any) -> tuple[int, dict[str, Any]] | None:
         """Restore state and return (step, partial result); None when there is nothing to resume."""
