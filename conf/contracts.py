@@ -93,6 +93,7 @@ NON_SEMANTIC_KEYS: tuple[str, ...] = (
     "train.checkpoint_every",
     "train.checkpoint_dir",
     "train.allow_long_run",  # only confirms a long run; the steps themselves are in the id
+    "data.max_row_bytes",  # only refuses over-long rows; the rows trained on are in the data digest
     "eval.batch_size",
 )
 

@@ -78,6 +78,7 @@ SCHEMA: dict[str, Any] = {
         "messages_field": _str("messages"),
         "target_delimiter": Rule((str,), "a string", '" "'),
         "max_train_examples": _int("an integer >= 1 or null", "1000", lo=1, nullable=True),
+        "max_row_bytes": _int("an integer >= 1024", "1048576", lo=1024, hi=1 << 30),
     },
     "lora": {
         "r": _int("an integer >= 1", "8", lo=1, hi=65_536),
