@@ -74,7 +74,28 @@ def check_model_fit(config: dict[str, Any]) -> list[str]:
         return []
     facts, problems = inspect_folder(folder)
     problems = problems or tokenizer_load_problems(folder, bool(config["model"].get("trust_remote_code")))
-    return problems or (check_fit(config, facts) if facts else [])
+    return problems or (check_fit(config, facts, training_data_size(config)) if facts else [])
+
+
+def training_data_size(config: dict[str, Any]) -> tuple[int, int] | None:
+    """(rows, bytes) of the rows a trial will tokenize, for the memory estimate: the training
+    split's JSONL file (lines counted in 1 MiB chunks, never held), cut to data.max_train_examples.
+    None for other sources (Parquet, save_to_disk, hub), whose size the estimate leaves out."""
+    from workloads.data.load import locate
+    from workloads.embedded.paths import embedded_paths
+
+    data = config["data"]
+    files = locate(data["path"], embedded_paths().data_dir).files or {}
+    file = files.get(data["train_split"]) or files.get("train")
+    if file is None or file.suffix != ".jsonl" or not file.is_file():
+        return None
+    size, rows = file.stat().st_size, 0
+    with file.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            rows += chunk.count(b"\n")
+    rows = max(rows, 1)
+    kept = min(rows, data.get("max_train_examples") or rows)
+    return kept, size * kept // rows
 
 
 def check_packaged(name: str) -> list[str]:

@@ -56,3 +56,27 @@ def test_rows_are_streamed_not_held(tmp_path: Path) -> None:
     file.write_text("".join(json.dumps({"prompt": str(i), "completion": "c"}) + "\n" for i in range(1000)))
     rows = jsonl_rows(file, 1 << 20)
     assert next(rows)[1] == {"prompt": "0", "completion": "c"}  # a generator: one row at a time
+
+
+def test_memory_estimate_covers_tokenization(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trial's memory estimate counts the tokenized rows and their text: a data file too large
+    for one trial's memory is refused in preflight, naming data.max_train_examples."""
+    from workloads.model import sizing
+    from workloads.preflight import check_model_fit, training_data_size
+
+    file = tmp_path / "train.jsonl"
+    file.write_text("".join(json.dumps({"prompt": f"q{i}", "completion": "a"}) + "\n" for i in range(2000)))
+    config = to_container(compose_config([f"data.path={file}"]))
+    rows, size = training_data_size(config)
+    assert (rows, size) == (2000, file.stat().st_size)
+    config["data"]["max_train_examples"] = 500
+    assert training_data_size(config)[0] == 500
+    config["data"]["max_train_examples"] = None
+    need = 2000 * 32 * 24 + size * sizing.DATA_BYTES_FACTOR
+    facts_budget = sizing.trial_memory(config)
+    assert facts_budget is not None
+    monkeypatch.setattr(sizing, "trial_memory", lambda _: (need // 2, "a test budget"))
+    monkeypatch.setattr(sizing, "DATA_BYTES_FACTOR", 10**6)  # as if the file were far larger than memory
+    problems = check_model_fit(config)
+    assert len(problems) == 1 and problems[0].startswith("data.max_train_examples: a trial needs"), problems
+    assert "tokenized data" in problems[0]
