@@ -108,3 +108,56 @@ def test_overlapping_sweeps_never_train_one_trial_twice(store: Path) -> None:
     assert all(r.info.status == "FINISHED" for r in runs)
     joined = "\n".join(outputs)
     assert "waiting for it" in joined or "already finished" in joined, joined[-3000:]
+
+
+def test_sigterm_during_data_loading_of_a_large_file_is_honoured_in_bounded_memory(store: Path) -> None:
+    """Case 3: a 40 MB training file (400k rows): SIGTERM while the trial loads and tokenizes it
+    ends `fp8lab trial` within seconds (exit 130, run KILLED), and its memory stays bounded."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    data = store / "large.jsonl"
+    row = '{"prompt": "Which number is the largest: %05d, 17, 42, 99?", "completion": "99 is the largest one here"}\n'
+    with data.open("w") as handle:
+        for i in range(400_000):
+            handle.write(row % i)
+    size_mb = data.stat().st_size / 2**20
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           "HF_DATASETS_CACHE": str(store / "hf-cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "trial", *TINY, "sweep.name=r3-large",
+                             f"data.path={data}"], cwd=store, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    ps = psutil.Process(proc.pid)
+    baseline, peak, deadline = 0, 0, time.monotonic() + 600
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the run exists once this line is printed: data loading follows the model
+        if "-> MLflow run" in line:
+            baseline = ps.memory_info().rss
+            break
+    assert baseline, "the trial never started"
+    sent = time.monotonic() + 4.0
+    while time.monotonic() < sent:
+        peak = max(peak, ps.memory_info().rss)
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            peak = max(peak, ps.memory_info().rss)
+        except psutil.Error:
+            break
+        time.sleep(0.1)
+    exit_s = time.monotonic() - signalled
+    proc.communicate(timeout=60)
+    grown = (peak - baseline) / 2**20
+    print(f"file {size_mb:.0f} MiB, RSS at start {baseline / 2**20:.0f} MiB, grown {grown:.0f} MiB "
+          f"({grown / size_mb:.1f}x the file), exit {exit_s:.1f}s after SIGTERM")
+    assert proc.returncode == 130 and exit_s < 10, (proc.returncode, exit_s)
+    assert grown < 12 * size_mb, f"RSS grew {grown:.0f} MiB for a {size_mb:.0f} MiB file"
+    [run] = trial_runs(store, "r3-large")
+    assert run.info.status == "KILLED"
