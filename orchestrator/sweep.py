@@ -102,7 +102,7 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
     interrupted = False
     refs: dict = {}
     queue = list(enumerate(plan.to_run))
-    claims = trial_claim.SweepClaims(plan, client, experiment_id, console)
+    claims = trial_claim.SweepClaims(plan, client, experiment_id, console, runs.finished_trials)
     slots = ray_runner.parallel_slots(cluster)
 
     def launch() -> list:

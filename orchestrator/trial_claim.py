@@ -20,10 +20,10 @@ import fcntl
 import json
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 from fp8lab_conf.contracts import ROLE_SWEEP, TAG_ROLE, TAG_SWEEP_ID, TAG_TRIAL_ID
-from orchestrator import lease, runs
+from orchestrator import lease
 
 
 class TrialClaim:
@@ -109,8 +109,11 @@ class SweepClaims:
 
     RECHECK_S = 2.0
 
-    def __init__(self, plan: Any, client: Any, experiment_id: str, console: Any) -> None:
+    def __init__(self, plan: Any, client: Any, experiment_id: str, console: Any,
+                 finished_trials: Callable[[Any, str], dict[str, str]]) -> None:
+        """`finished_trials`: `runs.finished_trials` (passed in: `runs` imports this module)."""
         self.plan, self.client, self.experiment_id, self.console = plan, client, experiment_id, console
+        self._finished_trials = finished_trials
         self.held: dict[str, TrialClaim] = {}
         self.parked: list[tuple[int, Any]] = []
         self.waited: set[str] = set()
@@ -132,7 +135,7 @@ class SweepClaims:
         return True
 
     def _finished_elsewhere(self, spec: Any) -> bool:
-        finished = {} if self.plan.force else runs.finished_trials(self.client, self.experiment_id)
+        finished = {} if self.plan.force else self._finished_trials(self.client, self.experiment_id)
         if spec.trial_id not in finished:
             return False
         self.plan.skipped[spec.trial_id] = finished[spec.trial_id]
