@@ -45,6 +45,7 @@ class _Cache:
 
     def __init__(self) -> None:
         self._data: dict[str, str] | None = None
+        self._seen: dict[str, str] = {}  # small files, this process only
         self._dirty = False
 
     def _load(self) -> dict[str, str]:
@@ -57,9 +58,11 @@ class _Cache:
 
     def get_or(self, path: Path, mode: str, compute: Any) -> str:
         stat = path.stat()
-        if stat.st_size <= CONTENT_KEYED_BYTES:
-            return compute(path)
         key = f"{path.resolve()}|{stat.st_ino}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}|{mode}"
+        if stat.st_size <= CONTENT_KEYED_BYTES:  # re-hashed once per process (a sweep's cells share it)
+            if key not in self._seen:
+                self._seen[key] = compute(path)
+            return self._seen[key]
         data = self._load()
         if key not in data:
             data[key], self._dirty = compute(path), True
