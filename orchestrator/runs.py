@@ -300,7 +300,8 @@ def reopen_lost_run(client: MlflowClient, experiment_id: str, trial_id: str, che
     if run.info.status != "KILLED" or run.data.tags.get(TAG_REASON) != lease.DRIVER_LOST or run.data.tags.get(TAG_TRIAL_ID) != trial_id:
         return None
     client.log_batch(run_id, tags=[RunTag(TAG_STATUS, "SCHEDULED"), RunTag(TAG_REASON, "")])
-    client.delete_tag(run_id, TAG_DRIVER_LOST)
+    if TAG_DRIVER_LOST in run.data.tags:
+        client.delete_tag(run_id, TAG_DRIVER_LOST)
     client.update_run(run_id, status="SCHEDULED")
     return run_id
 
