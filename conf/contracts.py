@@ -32,6 +32,10 @@ TAG_STATUS = "fp8lab.status"  # FINISHED | DIVERGED | FAILED | KILLED
 TAG_REASON = "fp8lab.reason"
 TAG_DIVERGED_STEP = "fp8lab.diverged_step"
 TAG_RESUMED_FROM_STEP = "fp8lab.resumed_from_step"
+TAG_ATTEMPT = "fp8lab.attempt"  # 1, 2, ...: which start of the trial's worker wrote this run
+TAG_RETRY_OF = "fp8lab.retry_of"  # on a fresh attempt run: the run of the attempt it replaces
+TAG_SUPERSEDED_BY = "fp8lab.superseded_by"  # on that replaced (KILLED) run: the fresh attempt's run
+CHECKPOINT_OWNER_FILE = "run_id.txt"  # beside a trial's checkpoint.pt: the MLflow run it belongs to (read by the driver)
 TAG_ADAPTER_ERROR = "fp8lab.adapter_error"  # why the adapter artifact could not be saved (the trial still counts)
 
 # --- where and how it ran ---------------------------------------------------------------------
@@ -88,6 +92,8 @@ NON_SEMANTIC_KEYS: tuple[str, ...] = (
     "train.device",
     "train.checkpoint_every",
     "train.checkpoint_dir",
+    "train.allow_long_run",  # only confirms a long run; the steps themselves are in the id
+    "data.max_row_bytes",  # only refuses over-long rows; the rows trained on are in the data digest
     "eval.batch_size",
     "data.max_truncated_pct",  # only refuses a cut before training; a trial that runs is the same trial
 )

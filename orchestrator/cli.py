@@ -291,8 +291,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from orchestrator.runs import absolute_uri
 
+    from orchestrator.store_checks import store_kind_problems
+
     config = _composed(args)
     uri = absolute_uri(config["tracking"]["uri"])
+    if problems := store_kind_problems(uri):
+        raise UserInputError(problems)
     experiments = args.experiment or ([config["sweep"]["name"]] if args.all else [])
     if not args.no_log:  # --no-log: the report only reads
         for experiment in experiments or [None]:

@@ -11,8 +11,13 @@ What is hashed, and why:
   checkpoint changes practically every block, so samples catch it, and a different architecture
   changes the header. A single edited value in a large checkpoint is not caught (documented).
 - a hub id (not a local folder) is hashed as its name: its files are the hub's concern.
-Digests are cached on disk (`~/.cache/fp8lab/digests.json`) keyed by path, size and mtime, so an
-unchanged file is read once; the cache only saves time, a missing or unwritable one is ignored.
+When a digest is recomputed (the cache rule): a file up to `CONTENT_KEYED_BYTES` is hashed on
+every call, so its digest is keyed on its content itself and no stat trick can fool it; a larger
+file's digest is cached on disk (`~/.cache/fp8lab/digests.json`) keyed by path, inode, size,
+mtime_ns and ctime_ns. mtime alone is not enough: `touch -r`, `cp -p`, rsync and tar restore it
+after a same-size edit; ctime cannot be set by a user and changes on every write, and a file
+replaced by another (a new inode) is a new key. The cache only saves time: a missing or
+unwritable one is ignored.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 FULL_HASH_BYTES = 1 << 30
+CONTENT_KEYED_BYTES = 32 << 20  # up to this size a file is re-hashed every time (~0.1 s at most)
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
 _CHUNK = 1 << 20
 
@@ -35,10 +41,11 @@ def _cache_file() -> Path:
 
 
 class _Cache:
-    """path|size|mtime_ns|mode -> hex digest, loaded once per process."""
+    """path|inode|size|mtime_ns|ctime_ns|mode -> hex digest, loaded once per process (large files only)."""
 
     def __init__(self) -> None:
         self._data: dict[str, str] | None = None
+        self._seen: dict[str, str] = {}  # small files, this process only
         self._dirty = False
 
     def _load(self) -> dict[str, str]:
@@ -51,7 +58,11 @@ class _Cache:
 
     def get_or(self, path: Path, mode: str, compute: Any) -> str:
         stat = path.stat()
-        key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{mode}"
+        key = f"{path.resolve()}|{stat.st_ino}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}|{mode}"
+        if stat.st_size <= CONTENT_KEYED_BYTES:  # re-hashed once per process (a sweep's cells share it)
+            if key not in self._seen:
+                self._seen[key] = compute(path)
+            return self._seen[key]
         data = self._load()
         if key not in data:
             data[key], self._dirty = compute(path), True
@@ -102,6 +113,13 @@ def _folder_digest(files: list[Path], root: Path, sampled: set[Path]) -> str:
         value = _CACHE.get_or(path, mode, _hash_sampled if mode == "sampled" else _hash_whole)
         digest.update(f"{path.relative_to(root).as_posix()}={value};".encode())
     return digest.hexdigest()[:16]
+
+
+def files_digest(files: list[Path]) -> str:
+    """Digest of files anywhere (absolute, resolved paths), each hashed whole under the cache rule."""
+    digest = _folder_digest(files, Path("/"), set())
+    _CACHE.save()
+    return digest
 
 
 def data_digest(path: Path) -> str:

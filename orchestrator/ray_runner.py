@@ -27,7 +27,8 @@ def init_ray(cluster: dict[str, Any]) -> None:
     """Start a local Ray or join `cluster.address`.
 
     A local Ray (2.59+) turns token authentication on by itself; we never switch it off, and
-    say so loudly if the environment did. The dashboard is off by default and binds 127.0.0.1.
+    say so loudly if the environment did. The dashboard is off by default and binds 127.0.0.1;
+    every other port of a local Ray listens on 127.0.0.1 too (`_loopback_only`).
     """
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         print("fp8lab: warning: RAY_AUTH_MODE=disabled in your environment: Ray's token authentication is off",
@@ -41,8 +42,30 @@ def init_ray(cluster: dict[str, Any]) -> None:
             raise UserInputError(f"cluster.address: cannot connect to Ray at {cluster['address']} ({_first_line(exc)}) "
                                  "(fix: check the address, or drop cluster.address to start a local Ray)") from None
         return
+    _loopback_only()
     ray.init(num_cpus=cluster["num_cpus"], num_gpus=cluster["num_gpus"],
              include_dashboard=cluster["include_dashboard"], dashboard_host=cluster["dashboard_host"], **common)
+
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _loopback_only() -> None:
+    """Make a local Ray listen on 127.0.0.1 only.
+
+    By default Ray gives even a one-machine `ray.init()` the node's network address, and then its
+    DashboardAgent serves Prometheus metrics (session name, task names, resources) on 0.0.0.0
+    without authentication, and the GCS, raylet, object manager and workers listen on every
+    interface. Ray's own switch for a loopback-only node is `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`
+    (what it does on Windows and macOS): the node IP becomes 127.0.0.1 and every component binds
+    it. Ray reads the variable once, at import, into `ray_constants.ENABLE_RAY_CLUSTER`, and the
+    processes it spawns read it from their environment, so both are set. Only for a Ray this
+    driver starts; a cluster joined with `cluster.address` is left as its operators set it up.
+    """
+    from ray._private import ray_constants  # noqa: PLC0415 - the constant Ray's env switch fills
+
+    os.environ[LOOPBACK_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def check_address(cluster: dict[str, Any], timeout_s: float = 5.0) -> None:
@@ -169,18 +192,24 @@ def submit(launch: TrialLaunch, board: Any, cluster: dict[str, Any], max_retries
 
 def wait_all(refs: dict[ray.ObjectRef, str], on_tick: Callable[[], None],
              on_result: Callable[[str, dict[str, Any]], None], tick_s: float = 0.5,
-             refill: Callable[[], list[ray.ObjectRef]] | None = None) -> None:
+             refill: Callable[[], list[ray.ObjectRef]] | None = None,
+             waiting: Callable[[], bool] | None = None) -> None:
     """Wait for every trial; a task that failed outright (worker died past its retries) becomes a
-    FAILED result instead of an exception, so one bad trial never stops the sweep. `refill`, after
-    each result, submits the next trial (its ref lands in `refs`) and returns the new refs."""
+    FAILED result instead of an exception, so one bad trial never stops the sweep. `refill`, every
+    tick, submits trials into free slots (their refs land in `refs`) and returns the new refs;
+    `waiting` says whether trials are still waiting for a claim another process holds."""
     pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=tick_s)
+    while pending or (waiting is not None and waiting()):
+        if pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=tick_s)
+        else:
+            ready = []
+            time.sleep(tick_s)
         for ref in ready:
             trial_id = refs[ref]
             try:
                 on_result(trial_id, ray.get(ref))
             except RayError as exc:
                 on_result(trial_id, {"status": "FAILED", "reason": f"worker failed: {_first_line(exc)}", "metrics": {}})
-            pending += refill() if refill else []
+        pending += refill() if refill else []
         on_tick()

@@ -20,8 +20,9 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from fp8lab_conf.contracts import (
+    CHECKPOINT_OWNER_FILE,
     ROLE_SWEEP, ROLE_TRIAL, TAG_AXIS_PREFIX, TAG_DRIVER, TAG_DRIVER_LOST, TAG_POLICY, TAG_REASON, TAG_ROLE, TAG_SEED,
-    TAG_STATUS, TAG_SWEEP_ID, TAG_SWEEP_NAME, TAG_TRIAL_ID, TAG_VERSION,
+    TAG_RETRY_OF, TAG_STATUS, TAG_SWEEP_ID, TAG_SWEEP_NAME, TAG_TRIAL_ID, TAG_VERSION,
 )
 from orchestrator.errors import UserInputError
 from fp8lab_conf.filesystem import folder_is_writable
@@ -33,6 +34,11 @@ COMPLETE = ("FINISHED", "DIVERGED")  # trial statuses that are a result; FAILED/
 
 def check_store(uri: str, timeout_s: float = 5.0) -> None:
     """Refuse early, with one line, when the tracking store cannot be reached or written."""
+    from orchestrator.store_checks import store_kind_problems  # noqa: PLC0415
+
+    problems = store_kind_problems(uri)
+    if problems:
+        raise UserInputError(problems)
     parsed = urlparse(uri)
     if parsed.scheme in ("http", "https"):
         try:
@@ -51,7 +57,7 @@ def check_store(uri: str, timeout_s: float = 5.0) -> None:
         if free < MIN_FREE_BYTES:
             raise UserInputError(f"tracking.uri: the disk holding {folder} is full ({free // 1024} KiB free) "
                                  "(fix: free space, or point tracking.uri=sqlite:///<path on another disk>/mlflow.db)")
-    elif parsed.scheme not in ("file", "") and parsed.scheme not in ("postgresql", "mysql", "databricks"):
+    elif parsed.scheme not in ("file", "") and parsed.scheme.split("+")[0] not in ("postgresql", "mysql", "databricks"):
         raise UserInputError(f"tracking.uri: unsupported scheme '{parsed.scheme}' (fix: sqlite:///mlflow.db or http://host:port)")
 
 
@@ -186,6 +192,18 @@ def finished_trials(client: MlflowClient, experiment_id: str) -> dict[str, str]:
             return found
 
 
+def with_retries(client: MlflowClient, experiment_id: str, run_ids: list[str]) -> list[str]:
+    """`run_ids` and the fresh attempt runs a retried worker moved to from them (tag
+    `fp8lab.retry_of`, workloads/record/attempts.py), so an interrupted sweep closes those too."""
+    found, todo = list(run_ids), list(run_ids)
+    while todo:
+        old = todo.pop()
+        for run in client.search_runs([experiment_id], f"tags.`{TAG_RETRY_OF}` = '{old}'", max_results=100):
+            found.append(run.info.run_id)
+            todo.append(run.info.run_id)
+    return found
+
+
 def close_unfinished(client: MlflowClient, run_ids: list[str], status: str, reason: str) -> None:
     """Mark runs that never reached a terminal state (interrupt, dead worker) so none stays RUNNING."""
     for run_id in run_ids:
@@ -244,7 +262,8 @@ def close_lost_in_store(uri: str, experiment_name: str | None = None) -> list[st
         experiments = [found] if found is not None else []
     else:
         experiments = client.search_experiments()
-    return [line for e in experiments for line in close_lost_runs(client, uri, e.experiment_id)]
+    return [line for e in experiments for line in (close_lost_runs(client, uri, e.experiment_id)
+                                                   + close_lost_single_trials(client, uri, e.experiment_id))]
 
 
 def mark_killed(client: MlflowClient, run_id: str, reason: str) -> None:
@@ -254,4 +273,56 @@ def mark_killed(client: MlflowClient, run_id: str, reason: str) -> None:
 
 
 def finish_parent(client: MlflowClient, run_id: str, status: str = "FINISHED") -> None:
+    """Close the sweep's parent; a sweep a rerun completed no longer carries the `driver lost`
+    reason an earlier, lost driver left on it."""
+    if status == "FINISHED":
+        tags = client.get_run(run_id).data.tags
+        for stale in (TAG_REASON, TAG_DRIVER_LOST):
+            if stale in tags:
+                client.delete_tag(run_id, stale)
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.from_string(status)))
+
+
+def reopen_lost_run(client: MlflowClient, experiment_id: str, trial_id: str, checkpoint_dir: Path) -> str | None:
+    """The run of `trial_id` a lost driver left (KILLED, `driver lost`) when its checkpoint is still
+    on disk: the rerun trains on in that run from the checkpoint instead of starting over in a new
+    run (the checkpoint belongs to that run, and its metrics up to the checkpoint are there)."""
+    from orchestrator import lease  # noqa: PLC0415
+
+    owner = checkpoint_dir / trial_id / CHECKPOINT_OWNER_FILE
+    if not (owner.is_file() and (owner.parent / "checkpoint.pt").is_file()):
+        return None
+    run_id = owner.read_text().strip()
+    try:
+        run = client.get_run(run_id)
+    except Exception:  # noqa: BLE001 - deleted or from another store
+        return None
+    if run.info.status != "KILLED" or run.data.tags.get(TAG_REASON) != lease.DRIVER_LOST or run.data.tags.get(TAG_TRIAL_ID) != trial_id:
+        return None
+    client.log_batch(run_id, tags=[RunTag(TAG_STATUS, "SCHEDULED"), RunTag(TAG_REASON, "")])
+    if TAG_DRIVER_LOST in run.data.tags:
+        client.delete_tag(run_id, TAG_DRIVER_LOST)
+    client.update_run(run_id, status="SCHEDULED")
+    return run_id
+
+
+def close_lost_single_trials(client: MlflowClient, uri: str, experiment_id: str) -> list[str]:
+    """`fp8lab trial` runs (no sweep) left RUNNING/SCHEDULED by a process that is gone: KILLED with
+    reason `process lost`. Local stores only: the trial's claim (`orchestrator.trial_claim`) is free
+    exactly when its process died; on a server store nothing tells, and they are left alone."""
+    from orchestrator import trial_claim  # noqa: PLC0415
+
+    lines = []
+    for status in ("RUNNING", "SCHEDULED"):
+        for run in client.search_runs([experiment_id], f"attributes.status = '{status}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'",
+                                      max_results=5000):
+            if run.data.tags.get(TAG_SWEEP_ID) or trial_claim.claim_alive(uri, run.data.tags.get(TAG_TRIAL_ID, "")) is not False:
+                continue
+            client.log_batch(run.info.run_id, tags=[RunTag(TAG_STATUS, "KILLED"), RunTag(TAG_REASON, PROCESS_LOST)])
+            client.set_terminated(run.info.run_id, "KILLED")
+            lines.append(f"trial run {run.info.run_name} ({run.info.run_id}): its process is gone; marked KILLED "
+                         f"(reason: {PROCESS_LOST})")
+    return lines
+
+
+PROCESS_LOST = "process lost"

@@ -24,10 +24,18 @@ class Rule:
     example: str
     nullable: bool = False
     check: Callable[[Any], bool] | None = None
+    hi: int | None = None  # upper bound of a count (its own message: the value is valid, just absurd)
 
 
-def _int(allowed: str, example: str, lo: int | None = None, nullable: bool = False) -> Rule:
-    return Rule((int,), allowed, example, nullable, None if lo is None else (lambda v, lo=lo: v >= lo))
+# Counts far beyond any LoRA fine-tune are typos (`train.steps=1e20` written as an int) that would
+# otherwise train "step 115/100000000000000000000" until someone notices; each count has a sane
+# upper bound, and train.steps above LONG_RUN_STEPS needs train.allow_long_run=true.
+MAX_COUNT = 2**31 - 1
+LONG_RUN_STEPS = 100_000
+
+
+def _int(allowed: str, example: str, lo: int | None = None, nullable: bool = False, hi: int = MAX_COUNT) -> Rule:
+    return Rule((int,), allowed, example, nullable, None if lo is None else (lambda v, lo=lo: v >= lo), hi)
 
 
 def _pos_float(example: str, nullable: bool = False, upper: float | None = None) -> Rule:
@@ -72,9 +80,10 @@ SCHEMA: dict[str, Any] = {
         "max_train_examples": _int("an integer >= 1 or null", "1000", lo=1, nullable=True),
         "max_truncated_pct": Rule((int, float), "a percentage in [0, 100]", "1", False, lambda v: 0 <= v <= 100),
         "chat_template": _str("/path/to/template.jinja", nullable=True),
+        "max_row_bytes": _int("an integer >= 1024", "1048576", lo=1024, hi=1 << 30),
     },
     "lora": {
-        "r": _int("an integer >= 1", "8", lo=1),
+        "r": _int("an integer >= 1", "8", lo=1, hi=65_536),
         "alpha": _pos_float("16"),
         "dropout": Rule((int, float), "a number in [0, 1)", "0.0", False, lambda v: 0 <= v < 1),
         "target_modules": Rule((str, list), '"all-linear" or a list of module names', "all-linear"),
@@ -92,10 +101,10 @@ SCHEMA: dict[str, Any] = {
     },
     "train": {
         "steps": _int("an integer >= 1", "400", lo=1, nullable=True),
-        "epochs": _pos_float("2", nullable=True),
-        "batch_size": _int("an integer >= 1", "16", lo=1),
-        "grad_accum": _int("an integer >= 1", "1", lo=1),
-        "max_seq_len": _int("an integer >= 8", "32", lo=8, nullable=True),
+        "epochs": _pos_float("2", nullable=True, upper=100_000),
+        "batch_size": _int("an integer >= 1", "16", lo=1, hi=1_000_000),
+        "grad_accum": _int("an integer >= 1", "1", lo=1, hi=1_000_000),
+        "max_seq_len": _int("an integer >= 8", "32", lo=8, nullable=True, hi=10_000_000),
         "lr": _pos_float("2e-4", upper=1.0),
         "weight_decay": _nonneg_float("0.0"),
         "warmup_steps": _int("an integer >= 0", "20", lo=0),
@@ -106,6 +115,7 @@ SCHEMA: dict[str, Any] = {
         "device": _choice("auto", "cpu", "cuda"),
         "checkpoint_every": _int("an integer >= 0", "0", lo=0),
         "checkpoint_dir": _str("/path/to/checkpoints", nullable=True),
+        "allow_long_run": _BOOL,
     },
     "eval": {
         "task": _str("fp8lab_embedded", nullable=True),
@@ -158,20 +168,20 @@ SCHEMA: dict[str, Any] = {
     "sweep": {
         "name": _str("fp8lab-default"),
         "axes": _OPEN_DICT,
-        "max_retries": _int("an integer >= 0", "1", lo=0),
+        "max_retries": _int("an integer >= 0", "1", lo=0, hi=100),
         "early_stop": _BOOL,
         "report": _BOOL,
         "speed_probe": _BOOL,
     },
     "fault": {
-        "kind": _choice("nan_weights", "raise", "kill", nullable=True),
+        "kind": _choice("nan_weights", "raise", "kill", "kill_in_eval", nullable=True),
         "step": _int("an integer >= 1", "1", lo=1),
         "once_file": _str("/tmp/fp8lab-fault-once", nullable=True),
     },
     "report": {
         "gpu_hour_price": _nonneg_float("2.5"),
         "utilization": _pos_float("0.8", upper=1.0),
-        "n_gpu": _int("an integer >= 1", "1", lo=1),
+        "n_gpu": _int("an integer >= 1", "1", lo=1, hi=1_000_000),
         "equivalence_margin_pts": _pos_float("2.0"),
         "loss_margin_pct": _pos_float("0.5"),
         "out": _str("report/", nullable=True),
@@ -187,6 +197,7 @@ def validate_config(cfg: dict) -> list[str]:
     problems += _check_eval(cfg.get("eval"))
     problems += _check_health(cfg.get("health"), cfg.get("train"))
     problems += _check_length(cfg.get("train"))
+    problems += _check_long_run(cfg.get("train"))
     return problems
 
 
@@ -202,6 +213,18 @@ def _check_length(train: Any) -> list[str]:
     if steps is None and epochs is None:
         return ["train.steps: null and train.epochs is null too: nothing says how long to train "
                 "(fix: train.steps=400 or train.epochs=1)"]
+    return []
+
+
+def _check_long_run(train: Any) -> list[str]:
+    """More than LONG_RUN_STEPS steps must be confirmed: at the embedded task's ~0.3 s a step that
+    is over 8 hours of one trial, and a sweep multiplies it."""
+    if not isinstance(train, dict) or train.get("allow_long_run") is True:
+        return []
+    steps = train.get("steps")
+    if isinstance(steps, int) and not isinstance(steps, bool) and LONG_RUN_STEPS < steps <= MAX_COUNT:
+        return [f"train.steps: {steps} steps is more than {LONG_RUN_STEPS} (a LoRA fine-tune needs hundreds to "
+                f"thousands) (fix: fewer steps, or train.allow_long_run=true to confirm a run that long)"]
     return []
 
 
@@ -237,6 +260,8 @@ def _check_value(path: str, value: Any, rule: Rule) -> str | None:
     ok_type = isinstance(value, rule.kinds) and not (isinstance(value, bool) and bool not in rule.kinds)
     if not ok_type or (rule.check is not None and not rule.check(value)):
         return f"{path}: must be {rule.allowed}, got {value!r} (fix: {path}={rule.example})"
+    if rule.hi is not None and value > rule.hi:
+        return f"{path}: {value} is more than the upper bound {rule.hi} (fix: {path}={rule.example})"
     return None
 
 

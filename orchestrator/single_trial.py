@@ -20,6 +20,7 @@ from orchestrator import runs
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import TrialSpec, policy_label
 from orchestrator.params import trial_params
+from orchestrator.trial_claim import TrialClaim
 from orchestrator.trial_id import compute_trial_id
 
 
@@ -46,6 +47,19 @@ def run_single_trial(config: dict[str, Any], overrides: list[str], force: bool =
     done = None if force else runs.finished_trials(client, experiment_id).get(spec.trial_id)
     if done is not None:
         return _reuse_finished(client, done, spec, config)
+    claim = TrialClaim(uri, spec.trial_id)
+    if not claim.acquire(client, experiment_id):
+        raise UserInputError(f"trial {spec.trial_id}: already being trained by {claim.holder()} (fix: wait for it to "
+                             "finish; its run then holds the result)")
+    try:
+        return _run_claimed(config, spec, uri, client, experiment_id, run)
+    finally:
+        claim.release()
+
+
+def _run_claimed(config: dict[str, Any], spec: TrialSpec, uri: str, client: MlflowClient, experiment_id: str,
+                 run: Any) -> dict[str, Any]:
+    """The trial, while this process holds its claim (so `fp8lab report` can tell it is alive)."""
     run_id = runs.create_trial_run(client, experiment_id, spec, None, None, trial_params(config))
     print(f"trial {spec.run_name} ({spec.trial_id}) -> MLflow run {run_id} in {uri}", file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` is handled like Ctrl-C

@@ -18,7 +18,7 @@ from rich.live import Live
 
 from orchestrator import progress as progress_mod
 from orchestrator import lease as lease_mod
-from orchestrator import ray_runner, sweep_summary, runs
+from orchestrator import ray_runner, sweep_summary, runs, trial_claim
 from orchestrator.matrix import policy_label, resolved_yaml
 from orchestrator.params import trial_params
 from orchestrator.plan import SweepPlan
@@ -102,15 +102,24 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
     interrupted = False
     refs: dict = {}
     queue = list(enumerate(plan.to_run))
+    claims = trial_claim.SweepClaims(plan, client, experiment_id, console, runs.finished_trials)
+    slots = ray_runner.parallel_slots(cluster)
 
-    def launch(n: int) -> list:
-        """Create the next `n` trials' runs and submit them. Runs are created when a slot is free,
-        so a child run's MLflow start time (and Duration) is its trial's, not the sweep's."""
+    def launch() -> list:
+        """Fill the free slots: claim each next trial (`orchestrator.trial_claim`), create its run
+        and submit it. Runs are created when a slot is free, so a child run's MLflow start time
+        (and Duration) is its trial's, not the sweep's. A trial another process is training waits."""
+        claims.release_done(results)
+        queue[:0] = claims.ready_again()
         new = []
-        while queue and len(new) < n:
+        while queue and len(refs) - len(results) < slots:
             index, spec = queue.pop(0)
-            run_ids[spec.trial_id] = runs.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, trial_params(spec.config))
-            trial = ray_runner.TrialLaunch(_for_workers(spec.config), spec.trial_id, run_ids[spec.trial_id],
+            if not claims.take(index, spec):
+                continue
+            config = _for_workers(spec.config)
+            run_ids[spec.trial_id] = (runs.reopen_lost_run(client, experiment_id, spec.trial_id, Path(config["train"]["checkpoint_dir"]))
+                                      or runs.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, trial_params(spec.config)))
+            trial = ray_runner.TrialLaunch(config, spec.trial_id, run_ids[spec.trial_id],
                                            plan.tracking_uri, policy_label(spec.config))
             ref = ray_runner.submit(trial, board, cluster, plan.config["sweep"]["max_retries"], index)
             refs[ref] = spec.trial_id
@@ -119,15 +128,17 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
 
     with _signals_raise_interrupt():
         try:
-            launch(ray_runner.parallel_slots(cluster))
-            _wait_with_table(plan, refs, board, results, console, lambda: launch(1))
+            launch()
+            _wait_with_table(plan, refs, board, results, console, launch, claims.waiting)
         except (KeyboardInterrupt, Interrupted):
             interrupted = True
             _cancel(refs)
+        finally:
+            claims.release_all()
     makespan = time.time() - started
     if plan.config["sweep"].get("speed_probe") and not interrupted:
         _speed_probe(plan, client, parent, console)
-    unfinished = [run_ids[t] for t in run_ids if t not in results]
+    unfinished = runs.with_retries(client, experiment_id, [run_ids[t] for t in run_ids if t not in results])
     _record_failures(client, run_ids, results)
     sweep_summary.log_policy_summary(client, parent, results, plan.skipped)
     runs.close_unfinished(client, unfinished, "KILLED", "sweep interrupted" if interrupted else "no result")
@@ -160,7 +171,7 @@ def _for_workers(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _wait_with_table(plan: SweepPlan, refs: dict, board: Any, results: dict, console: Any,
-                     refill: Any = None) -> None:
+                     refill: Any = None, waiting: Any = None) -> None:
     """A live table on a terminal; in a log (no terminal) one line per trial state change."""
     import ray
 
@@ -190,11 +201,11 @@ def _wait_with_table(plan: SweepPlan, refs: dict, board: Any, results: dict, con
 
     if not console.is_terminal:
         console.print(title)
-        ray_runner.wait_all(refs, lambda: log_changes(rows_now()), on_result, refill=refill)
+        ray_runner.wait_all(refs, lambda: log_changes(rows_now()), on_result, refill=refill, waiting=waiting)
         return
     with Live(progress_mod.render_table(plan.to_run, {}, 0, title), console=console, refresh_per_second=2) as live:
         ray_runner.wait_all(refs, lambda: live.update(progress_mod.render_table(plan.to_run, rows_now(), 0, title)), on_result,
-                            refill=refill)
+                            refill=refill, waiting=waiting)
 
 
 def _cancel(refs: dict) -> None:
@@ -210,8 +221,9 @@ def _cancel(refs: dict) -> None:
 def _record_failures(client: MlflowClient, run_ids: dict[str, str], results: dict[str, dict[str, Any]]) -> None:
     """A worker that died past its retries could not close its run: do it here with the reason."""
     for trial_id, result in results.items():
-        if result["status"] == "FAILED":
-            runs.close_unfinished(client, [run_ids[trial_id]], "FAILED", result.get("reason", ""))
+        if result["status"] == "FAILED":  # the worker's own run: a retry may have moved to a fresh attempt run
+            attempt = result.get("mlflow_run_id") or run_ids[trial_id]
+            runs.close_unfinished(client, list(dict.fromkeys([run_ids[trial_id], attempt])), "FAILED", result.get("reason", ""))
 
 
 class _signals_raise_interrupt:

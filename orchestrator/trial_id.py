@@ -3,7 +3,9 @@ and of the content of the data and model it reads (`orchestrator.content_digest`
 
 Two trials with the same id would produce the same result (up to hardware nondeterminism), so
 a sweep can skip a trial whose id already FINISHED. Key order never matters (sorted JSON); a data
-file edited in place gives a new id (the config alone would not change).
+file, model file or eval task file (YAML, its data, the include path) edited in place gives a new
+id, and so does another lm-eval version (`orchestrator.eval_digest`); the config alone would not
+change.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ def _drop(config: dict, dotted: str, only_if: Any = _ANY) -> None:
 def compute_trial_id(config: dict) -> str:
     """16 hex chars of SHA-256 over the canonical JSON of the semantic config and content digests."""
     from orchestrator.content_digest import content_digests  # noqa: PLC0415
+    from orchestrator.eval_digest import eval_digests  # noqa: PLC0415
 
-    keyed = {**semantic_config(config), "_content": content_digests(config)}
+    keyed = {**semantic_config(config), "_content": {**content_digests(config), **eval_digests(config)}}
     canonical = json.dumps(keyed, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

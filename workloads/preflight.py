@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fp8lab_conf.filesystem import folder_is_writable
+from fp8lab_conf.filesystem import folder_is_writable, special_path_problem
 from workloads.eval.checks import check_eval_tasks
 from workloads.model.pretrained import ensure_folder, is_packaged, missing_requirements
 
@@ -46,6 +46,9 @@ def check_model(model_cfg: dict[str, Any]) -> list[str]:
     if is_packaged(name):
         return check_packaged(name)
     path = Path(name).expanduser()
+    special = special_path_problem(path)
+    if special:
+        return [f"model.name_or_path: {special} (fix: point it at a folder saved with save_pretrained)"]
     if path.exists() or name.startswith((".", "/", "~")):
         if not path.is_dir():
             return [f"model.name_or_path: folder {name} does not exist (fix: a folder saved with save_pretrained, or model.name_or_path=embedded)"]
@@ -64,7 +67,7 @@ def check_model_fit(config: dict[str, Any]) -> list[str]:
     """A local model folder's weights, shapes and tokenizer (headers only, nothing loaded), then
     whether the trial fits it (positions, LoRA rank, memory): `workloads.model.checks`,
     `workloads.model.sizing`. Hub ids are checked by their loader."""
-    from workloads.model.checks import inspect_folder
+    from workloads.model.checks import inspect_folder, tokenizer_load_problems
     from workloads.model.sizing import check_fit
 
     config = config if config["train"]["max_seq_len"] else resolve_config(config)  # the limit the data gives
@@ -74,7 +77,29 @@ def check_model_fit(config: dict[str, Any]) -> list[str]:
     if not folder.is_dir():
         return []
     facts, problems = inspect_folder(folder)
-    return problems or (check_fit(config, facts) if facts else [])
+    problems = problems or tokenizer_load_problems(folder, bool(config["model"].get("trust_remote_code")))
+    return problems or (check_fit(config, facts, training_data_size(config)) if facts else [])
+
+
+def training_data_size(config: dict[str, Any]) -> tuple[int, int] | None:
+    """(rows, bytes) of the rows a trial will tokenize, for the memory estimate: the training
+    split's JSONL file (lines counted in 1 MiB chunks, never held), cut to data.max_train_examples.
+    None for other sources (Parquet, save_to_disk, hub), whose size the estimate leaves out."""
+    from workloads.data.load import locate
+    from workloads.embedded.paths import embedded_paths
+
+    data = config["data"]
+    files = locate(data["path"], embedded_paths().data_dir).files or {}
+    file = files.get(data["train_split"]) or files.get("train")
+    if file is None or file.suffix != ".jsonl" or not file.is_file():
+        return None
+    size, rows = file.stat().st_size, 0
+    with file.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            rows += chunk.count(b"\n")
+    rows = max(rows, 1)
+    kept = min(rows, data.get("max_train_examples") or rows)
+    return kept, size * kept // rows
 
 
 def check_packaged(name: str) -> list[str]:

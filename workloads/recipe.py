@@ -186,16 +186,21 @@ class Outcome:
     telemetry_rows: list[dict[str, Any]]
     scores: Scores | None  # None: not evaluated (diverged, stopped early)
     adapter: tuple[str, Callable[[Path], Path]] | None  # (artifact folder, save function), when kept
+    logged_at_end: frozenset[str] = frozenset()  # final metrics the loop already logged at the last step
 
 
-def run(config: dict[str, Any], hooks: RunHooks, trial_id: str, run_id: str,
+def run(config: dict[str, Any], hooks: RunHooks, checkpointer: Checkpointer | None = None,
         progress: ProgressFn | None = None) -> Outcome:
     """The whole trial, stage by stage. Only a trial that trained to the end is evaluated: a
-    diverged one has nothing to score, and skipping it is the compute early stop saves."""
+    diverged one has nothing to score, and skipping it is the compute early stop saves.
+    ``checkpointer`` (``setup_checkpointer``) is the lifecycle's: it outlives the run's records,
+    so a worker killed during evaluation resumes after training instead of training again."""
     trial = setup(config, hooks)
     health = HealthSettings.from_config(config["health"], config["sweep"].get("early_stop", False))
-    trained, train_scores = train(trial, config["train"], health, config.get("fault"), config["eval"], hooks,
-                                  trial_id, run_id, progress)
+    faults = FaultInjector(config.get("fault"))
+    trained, train_scores = train(trial, config["train"], health, faults, config["eval"], hooks, checkpointer, progress)
+    if trained.status == "FINISHED":
+        faults.before_eval()
     scores = evaluate(trial, config["eval"], config["data"]["path"]) if trained.status == "FINISHED" else None
     return export(trial, trained, {**trial.base_metrics, **train_scores}, scores,
                   bool(config["tracking"].get("log_adapter", True)))
@@ -305,13 +310,11 @@ def setup_checkpointer(train_cfg: dict[str, Any], trial_id: str, run_id: str) ->
     return Checkpointer(root / trial_id, every, run_id)
 
 
-def train(trial: Trial, train_cfg: dict[str, Any], health: HealthSettings, fault_cfg: dict[str, Any] | None,
-          eval_cfg: dict[str, Any], hooks: RunHooks, trial_id: str, run_id: str,
+def train(trial: Trial, train_cfg: dict[str, Any], health: HealthSettings, faults: FaultInjector,
+          eval_cfg: dict[str, Any], hooks: RunHooks, checkpointer: Checkpointer | None = None,
           progress: ProgressFn | None = None) -> tuple[TrainResult, dict[str, float]]:
     """The training loop with what watches it (injected faults, checkpoints, the health monitor,
     the held-out loss curve): (the loop's result, its metrics with the load around it)."""
-    faults = FaultInjector(fault_cfg)
-    checkpointer = setup_checkpointer(train_cfg, trial_id, run_id)
     if checkpointer:
         hooks.flush_at_checkpoints()
     monitor = setup_health(health, trial, hooks.reference(health.reference_policy), hooks.logger)
@@ -319,8 +322,6 @@ def train(trial: Trial, train_cfg: dict[str, Any], health: HealthSettings, fault
     result = run_training(trial.model, trial.handle, trial.telemetry, trial.batches, trial.settings, hooks.logger,
                           progress, before_step=faults.before_step, checkpointer=checkpointer, health=monitor,
                           heldout=loss_curve(trial, eval_cfg))
-    if checkpointer:
-        checkpointer.remove()  # training is over: the checkpoint has served its purpose
     return result, {**train_metrics(result, trial), METRIC_LOADAVG_START: load_start, METRIC_LOADAVG_END: load_average()}
 
 
@@ -378,5 +379,6 @@ def export(trial: Trial, trained: TrainResult, metrics: dict[str, float], scores
     metrics = {**metrics, **(scores.metrics if scores else {}),
                "train/tokens_per_epoch": float(trial.train_data.attention_mask.sum())}
     adapter = (ADAPTER_ARTIFACT, functools.partial(save_adapter, trial.model)) if status == "FINISHED" and keep_adapter else None
+    logged = frozenset({METRIC_UNDERFLOW_EVENTS} if trained.underflow_logged_step == trained.steps_done else ())
     return Outcome(status, reason, metrics, trained.steps_done, trained.verdict, trained.diverged_step, stopped,
-                   trained.telemetry_rows, scores, adapter)
+                   trained.telemetry_rows, scores, adapter, logged)

@@ -7,6 +7,7 @@ The orchestrator created the MLflow run; this module fills it and closes it.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -30,10 +31,17 @@ def run_trial(ctx: TrialLaunch, progress: Callable[[int, dict[str, Any]], None] 
     log_path, handler = _capture_log()
     recorder = TrialRecorder(ctx.tracking_uri, ctx.run_id)
     started = time.perf_counter()
+    checkpointer = None
     try:
-        recorder.start(float(config["tracking"].get("system_metrics_interval_s", 0)))
+        checkpointer = recipe.setup_checkpointer(config["train"], ctx.trial_id, ctx.run_id)
+        run_id = recorder.start(float(config["tracking"].get("system_metrics_interval_s", 0)),
+                                resumable=bool(checkpointer and checkpointer.resumable()))
+        if run_id != ctx.run_id:  # a retry that could not resume: a fresh attempt run (record/attempts.py)
+            ctx = dataclasses.replace(ctx, run_id=run_id)
+            result["mlflow_run_id"] = run_id
+            checkpointer = recipe.setup_checkpointer(config["train"], ctx.trial_id, run_id)
         result["metrics"][METRIC_QUEUE_S] = recorder.queue_seconds()
-        outcome = recipe.run(config, _Hooks(config, recorder, result), ctx.trial_id, ctx.run_id, progress)
+        outcome = recipe.run(config, _Hooks(config, recorder, result), checkpointer, progress)
         _put_together(result, outcome)
         _record_end(recorder, outcome)
     except Exception as exc:  # noqa: BLE001 - any failure becomes a FAILED result
@@ -45,6 +53,8 @@ def run_trial(ctx: TrialLaunch, progress: Callable[[int, dict[str, Any]], None] 
         result["metrics"][METRIC_TRIAL_WALL_S] = time.perf_counter() - started
         try:
             recorder.close(result, log_path)
+            if checkpointer:
+                checkpointer.remove()  # the run is closed: only now has the checkpoint served its purpose
         finally:
             shutil.rmtree(log_path.parent, ignore_errors=True)  # the temp folder too: nothing left in /tmp
     return result
@@ -94,7 +104,8 @@ def _record_end(recorder: TrialRecorder, outcome: recipe.Outcome) -> None:
     if outcome.scores is not None:
         recorder.heldout(outcome.scores.heldout_rows)
         recorder.eval(outcome.scores.lm_eval, outcome.scores.aggregate)
-    recorder.end(outcome.metrics, outcome.steps_done, outcome.telemetry_rows, adapter=outcome.adapter)
+    metrics = {k: v for k, v in outcome.metrics.items() if k not in outcome.logged_at_end}  # each (metric, step) once
+    recorder.end(metrics, outcome.steps_done, outcome.telemetry_rows, adapter=outcome.adapter)
 
 
 def _result_skeleton(config: dict[str, Any], ctx: TrialLaunch) -> dict[str, Any]:

@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from fp8lab_conf.filesystem import special_path_problem
 from workloads.data.chat_template import chat_template_problems
 from workloads.data.load import DATA_SUFFIXES, DataSource, locate
 from workloads.data.formats import RowProblem, detect_format, row_problems
 from workloads.eval.metrics import EMBEDDED_TASK, configured_tasks
 # What the embedded task's loader (workloads/embedded/tasks/dataset.py) reads from a data folder.
 EVAL_SPLITS = ("train", "validation", "test")
+DEFAULT_MAX_ROW_BYTES = 1 << 20  # data.max_row_bytes when unset
 EVAL_FIELDS = {"prompt_field": "prompt", "choices_field": "choices", "answer_field": "answer"}
 
 
@@ -49,6 +51,9 @@ def check_data_inputs(config: dict[str, Any], embedded_dir: Path, embedded_model
     data_cfg, eval_cfg = config["data"], config["eval"]
     path = data_cfg["path"]
     local = Path(path).expanduser()
+    special = _special_files(local) if path != "embedded" else []
+    if special:
+        return special
     if path != "embedded" and not local.exists():
         if path.startswith((".", "/", "~")) or local.suffix in DATA_SUFFIXES:
             return [f"data.path: {path} does not exist (fix: a JSONL/Parquet file, a folder of <split>.jsonl files, "
@@ -56,7 +61,7 @@ def check_data_inputs(config: dict[str, Any], embedded_dir: Path, embedded_model
         return []  # a HF dataset name: `datasets` reports it when loading
     source = locate(path, embedded_dir)
     try:
-        splits = dict(_split_rows(source))
+        splits = dict(_split_rows(source, int(data_cfg.get("max_row_bytes") or DEFAULT_MAX_ROW_BYTES)))
     except ValueError as exc:
         return [str(exc)]
     split = "train" if local.is_file() else data_cfg["train_split"]  # one file is the training split
@@ -77,33 +82,74 @@ def check_data_inputs(config: dict[str, Any], embedded_dir: Path, embedded_model
     return list(dict.fromkeys(problems))
 
 
+def _special_files(local: Path) -> list[str]:
+    """A symlink loop or a FIFO/device as data.path (or as a split file of its folder), named as
+    what it is: `exists()` calls a loop missing, and reading a FIFO would block the check."""
+    candidates = [local]
+    if local.is_dir():
+        candidates += sorted(p for p in local.iterdir() if p.suffix in DATA_SUFFIXES)
+    return [f"data.path: {problem} (fix: point data.path at a regular JSONL/Parquet file or a folder of them)"
+            for problem in map(special_path_problem, candidates) if problem]
+
+
 @dataclass
 class SplitRows:
-    """One split's rows as (line or row number, row or None, problem or None)."""
+    """One split's rows as (line or row number, row or None, problem or None). `read` yields them
+    afresh on each pass, so a JSONL split is streamed from its file (one row in memory at a
+    time), never held whole: memory stays bounded whatever the file's size."""
 
     path: str
     unit: str
-    rows: list[tuple[int, dict[str, Any] | None, RowProblem | None]]
+    read: Callable[[], Iterator[tuple[int, dict[str, Any] | None, RowProblem | None]]]
+
+    @property
+    def rows(self) -> Iterator[tuple[int, dict[str, Any] | None, RowProblem | None]]:
+        return self.read()
 
     def columns(self) -> list[str]:
         return list(dict.fromkeys(k for _, row, _ in self.rows if row for k in row))
 
 
-def _split_rows(source: DataSource) -> Iterator[tuple[str, SplitRows]]:
+def _split_rows(source: DataSource, max_row_bytes: int) -> Iterator[tuple[str, SplitRows]]:
     if source.saved is not None:
         yield from _saved_rows(source.saved)
         return
     for split, file in (source.files or {}).items():
         if DATA_SUFFIXES[file.suffix] == "parquet":
-            yield split, SplitRows(str(file), "row", list(_parquet_rows(file)))
+            rows = list(_parquet_rows(file))
+            yield split, SplitRows(str(file), "row", lambda rows=rows: iter(rows))
         else:
-            yield split, SplitRows(str(file), "line", list(jsonl_rows(file)))
+            yield split, SplitRows(str(file), "line", lambda file=file: jsonl_rows(file, max_row_bytes))
 
 
-def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, RowProblem | None]]:
-    """Each non-blank line: decoded as UTF-8 and parsed as one JSON object, or why not."""
+def _lines(handle: Any, max_row_bytes: int) -> Iterator[tuple[int, bytes | None, int]]:
+    """(line number, the line or None when it is longer than `max_row_bytes`, its length). A line
+    is read at most `max_row_bytes` + 1 bytes at a time, so one huge line (a 200 MB single-line
+    file) never sits in memory whole."""
+    lineno = 0
+    while chunk := handle.readline(max_row_bytes + 1):
+        lineno += 1
+        if len(chunk) <= max_row_bytes or chunk.endswith(b"\n"):
+            yield lineno, chunk, len(chunk)
+            continue
+        length = len(chunk)
+        while chunk and not chunk.endswith(b"\n"):  # skip the rest of the over-long line
+            chunk = handle.readline(1 << 20)
+            length += len(chunk)
+        yield lineno, None, length
+
+
+def jsonl_rows(path: Path, max_row_bytes: int = 0) -> Iterator[tuple[int, dict[str, Any] | None, RowProblem | None]]:
+    """Each non-blank line: decoded as UTF-8 and parsed as one JSON object, or why not (a line
+    longer than `max_row_bytes` is a problem of its own and is not parsed)."""
+    limit = max_row_bytes or DEFAULT_MAX_ROW_BYTES
     with path.open("rb") as handle:
-        for lineno, raw in enumerate(handle, start=1):
+        for lineno, raw, length in _lines(handle, limit):
+            if raw is None:
+                yield lineno, None, RowProblem("data.max_row_bytes", "row-size", f"is {length} bytes, more than "
+                                               f"data.max_row_bytes={limit}", "split it into rows of one example each, "
+                                               f"or raise data.max_row_bytes if one example really is that long")
+                continue
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -149,7 +195,7 @@ def _saved_rows(folder: Path) -> Iterator[tuple[str, SplitRows]]:
     parts = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [("train", loaded)]
     for split, dataset in parts:
         rows = [(i, row, None) for i, row in enumerate(dataset.to_list(), start=1)]
-        yield split, SplitRows(f"{folder} split '{split}'", "row", rows)
+        yield split, SplitRows(f"{folder} split '{split}'", "row", lambda rows=rows: iter(rows))
 
 
 def _first_line(exc: Exception) -> str:

@@ -144,3 +144,20 @@ def _tokenizer_problems(folder: Path, where: str) -> list[str]:
         return [f"{where}: the tokenizer has neither a pad nor an eos token, so batches cannot be padded "
                 "(fix: set \"pad_token\" (or \"eos_token\") in tokenizer_config.json)"]
     return []
+
+
+def tokenizer_load_problems(folder: Path, trust_remote_code: bool) -> list[str]:
+    """Load the folder's tokenizer (its files only, never the weights): a missing `tokenizer.json`
+    or vocabulary passes the JSON checks above but fails every trial after Ray and MLflow started.
+    transformers is imported here only, so the header checks stay torch-free."""
+    from transformers import AutoTokenizer
+
+    try:
+        AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raise many types for missing or broken files
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        present = ", ".join(sorted(p.name for p in folder.glob("tokenizer*"))) or "none"
+        return [f"model.name_or_path: {folder}: the tokenizer does not load ({type(exc).__name__}: {first}; "
+                f"tokenizer files present: {present}) (fix: save the tokenizer into the folder with "
+                "tokenizer.save_pretrained, e.g. tokenizer.json)"]
+    return []

@@ -13,7 +13,9 @@ The estimate (bytes), deliberately simple and stated in the refusal so users can
   Transformer Models", for 16-bit activations, without their 5 x heads x seq / hidden term for
   stored attention scores: transformers' default SDPA attention uses flash kernels, on CPU too,
   which keep no seq x seq matrix), plus the FP32 logits, their softmax and gradient:
-  batch x seq x vocab x 12. It is an upper bound for LoRA (a frozen base needs fewer).
+  batch x seq x vocab x 12. It is an upper bound for LoRA (a frozen base needs fewer);
+- tokenized data: rows x seq x 24 (three int64 tensors) + DATA_BYTES_FACTOR x the training file's
+  bytes (the rows as Python objects while they are tokenized).
 Memory one trial gets: on a GPU, the GPU's memory x `cluster.gpus_per_trial`; on CPU, the host's
 RAM x `cluster.cpus_per_trial` / the CPUs the local Ray gets (the trials that run side by side
 share it). Against a remote cluster (`cluster.address`) the driver cannot see the nodes'
@@ -30,19 +32,27 @@ from workloads.model.checks import CONFIG_DTYPE_BYTES, ModelFacts
 GIB = 2**30
 
 
+# Training data in a trial's memory: the tokenized tensors (input ids, attention mask, labels:
+# 3 x int64 per position of every row, padded to train.max_seq_len) plus, while tokenizing, the
+# rows as `datasets` and Python objects (strings, segments, token lists): about this many times
+# the training file's bytes.
+DATA_BYTES_FACTOR = 10
+
+
 @dataclass(frozen=True)
 class Estimate:
     weights: int
     adapters: int
     activations: int
+    data: int = 0  # tokenized training rows and the text they came from
 
     @property
     def total(self) -> int:
-        return self.weights + self.adapters + self.activations
+        return self.weights + self.adapters + self.activations + self.data
 
     def describe(self) -> str:
         return (f"about {_size(self.total)} (weights {_size(self.weights)}, adapters + optimizer "
-                f"{_size(self.adapters)}, activations {_size(self.activations)})")
+                f"{_size(self.adapters)}, activations {_size(self.activations)}, tokenized data {_size(self.data)})")
 
 
 def _size(n: float) -> str:
@@ -64,7 +74,8 @@ def adapted_layers(facts: ModelFacts, target_modules: Any) -> dict[str, tuple[in
     return layers
 
 
-def estimate(config: dict[str, Any], facts: ModelFacts) -> Estimate:
+def estimate(config: dict[str, Any], facts: ModelFacts, data_size: tuple[int, int] | None = None) -> Estimate:
+    """`data_size`: (rows, bytes) of the training split, when known (a local JSONL file)."""
     cfg = facts.text_config()
     train, rank = config["train"], int(config["lora"]["r"])
     bytes_per = CONFIG_DTYPE_BYTES.get(config["model"]["dtype"], 4)
@@ -74,7 +85,9 @@ def estimate(config: dict[str, Any], facts: ModelFacts) -> Estimate:
     adapters = sum(rank * (a + b) for a, b in adapted_layers(facts, config["lora"]["target_modules"]).values()) * 16
     per_layer = batch * seq * hidden * 34 * bytes_per / 2
     activations = int(per_layer * layers + batch * seq * vocab * 12)
-    return Estimate(facts.n_params * bytes_per, adapters, activations)
+    rows, text = data_size or (0, 0)
+    data = rows * seq * 3 * 8 + text * DATA_BYTES_FACTOR
+    return Estimate(facts.n_params * bytes_per, adapters, activations, data)
 
 
 def trial_memory(config: dict[str, Any]) -> tuple[int, str] | None:
@@ -104,8 +117,8 @@ def sequence_bound(config: dict[str, Any], facts: ModelFacts) -> int:
     return int(config["train"]["max_seq_len"] or cfg.get("max_position_embeddings") or cfg.get("n_positions") or 0)
 
 
-def check_fit(config: dict[str, Any], facts: ModelFacts) -> list[str]:
-    """Every guard that fails, one line each with the fix."""
+def check_fit(config: dict[str, Any], facts: ModelFacts, data_size: tuple[int, int] | None = None) -> list[str]:
+    """Every guard that fails, one line each with the fix (`data_size`: see `estimate`)."""
     cfg = facts.text_config()
     problems = []
     positions = cfg.get("max_position_embeddings") or cfg.get("n_positions")
@@ -122,9 +135,12 @@ def check_fit(config: dict[str, Any], facts: ModelFacts) -> list[str]:
                             f"({name}: {list(shape)}) (fix: lora.r={min(shape)} or less)")
     budget = trial_memory(config) if not problems else None
     if budget is not None:
-        need = estimate(config, facts)
+        need = estimate(config, facts, data_size)
         if need.total > budget[0]:
-            problems.append(f"train.batch_size: a trial needs {need.describe()} for batch {config['train']['batch_size']} x "
-                            f"seq {seq}, but one trial gets {_size(budget[0])} ({budget[1]}) (fix: lower "
-                            "train.batch_size or train.max_seq_len, or raise cluster.cpus_per_trial / gpus_per_trial)")
+            key, fix = (("data.max_train_examples", "set data.max_train_examples to use fewer rows, or lower train.max_seq_len")
+                        if need.data > need.activations else
+                        ("train.batch_size", "lower train.batch_size or train.max_seq_len"))
+            problems.append(f"{key}: a trial needs {need.describe()} for batch {config['train']['batch_size']} x "
+                            f"seq {seq}, but one trial gets {_size(budget[0])} ({budget[1]}) (fix: {fix}, "
+                            "or raise cluster.cpus_per_trial / gpus_per_trial)")
     return problems

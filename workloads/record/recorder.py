@@ -27,6 +27,7 @@ from fp8lab_conf.contracts import (
     TAG_STOPPED_EARLY, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, METRIC_QUEUE_S, METRIC_STEPS_DONE, METRIC_TRIAL_WALL_S,
 )
 from workloads.eval.metrics import safe_name
+from workloads.record.attempts import Attempt, begin_attempt
 from workloads.record.logger import MlflowTrialLogger, SystemMetrics, write_parquet
 from workloads.record.reference import mlflow_reference
 from workloads.record.run_inputs import run_inputs
@@ -44,20 +45,27 @@ class TrialRecorder:
         self.tracking_uri, self.run_id = tracking_uri, run_id
         self.logger = logger if logger is not None else MlflowTrialLogger(tracking_uri, run_id)  # the loop's and health's writer
         self._system: SystemMetrics | None = None
+        self._attempt: Attempt | None = None
 
     # -- start --------------------------------------------------------------------------------
-    def start(self, system_metrics_interval_s: float) -> None:
-        """Mark the run RUNNING and attach MLflow's system-metrics monitor."""
+    def start(self, system_metrics_interval_s: float, resumable: bool = False) -> str:
+        """Mark the run RUNNING and attach MLflow's system-metrics monitor. A retried worker that
+        cannot resume from a checkpoint (`resumable` False) continues in a fresh attempt run
+        (`record.attempts`); returns the run id this trial writes to."""
+        self._attempt = begin_attempt(self.logger.client, self.run_id, resumable)
+        self.run_id = self.logger.run_id = self._attempt.run_id
         self.logger.client.update_run(self.run_id, status="RUNNING")
         self.logger.set_tags({TAG_STATUS: "RUNNING"})
         self._system = SystemMetrics(self.tracking_uri, self.run_id, system_metrics_interval_s)
+        return self.run_id
 
     def queue_seconds(self) -> float:
         """Seconds from the run's creation (when the sweep gave it a slot) to this trial's start,
         logged as its own metric so MLflow's Duration is never read as the trial's time."""
         created_ms = self.logger.client.get_run(self.run_id).info.start_time
         queued = max(0.0, time.time() - created_ms / 1000.0) if created_ms else float("nan")
-        self.logger.log_final({METRIC_QUEUE_S: queued})
+        if self._attempt is None or self._attempt.fresh_history:  # a resumed run has its step-0 value
+            self.logger.log_final({METRIC_QUEUE_S: queued})
         return queued
 
     def inputs(self, config: dict[str, Any], rows: Any, embedded_dir: Path) -> None:

@@ -5,10 +5,12 @@ scheduler state, the LoRA gradient scaler, delayed-scaling amax histories, telem
 and the partial result. The frozen base is reloaded from its source. A checkpoint belongs to
 one MLflow run: a retry of the same run resumes from it (its metrics up to the checkpoint are
 already in MLflow), any other run starts fresh, so a run's metric history is always complete.
-Writes are atomic (temp file + rename): a kill mid-write leaves the previous checkpoint.
+Writes are atomic (temp file + fsync + rename): a kill mid-write leaves the previous checkpoint,
+and a full disk is one line (`CheckpointDiskFull`) with the temp file removed.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from dataclasses import dataclass
@@ -16,6 +18,45 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from fp8lab_conf.contracts import CHECKPOINT_OWNER_FILE
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointDiskFull(OSError):
+    """The checkpoint did not fit on its disk: one line that says so, instead of torch's
+    `[enforce fail at inline_container.cc:672] unexpected pos ...`."""
+
+    def __init__(self, path: Path, step: int, folder: Path) -> None:
+        free = shutil.disk_usage(folder).free if folder.exists() else 0
+        kept = "the previous checkpoint is intact" if path.exists() else "no earlier checkpoint exists"
+        super().__init__(errno.ENOSPC, f"out of disk space writing checkpoint {path} at step {step} ({free // 1024} KiB free; "
+                         f"{kept}, no temp file left) (fix: free space on that disk, or train.checkpoint_dir=<a folder "
+                         "on a disk with room>, or train.checkpoint_every=0)")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _disk_full(exc: BaseException, folder: Path) -> bool:
+    """torch's zip writer reports a full disk as a RuntimeError without an errno; then the disk
+    itself is asked (less free space than a LoRA checkpoint's smallest write)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return shutil.disk_usage(folder).free < _MIN_FREE_BYTES
+    except OSError:
+        return False
+
+
+_MIN_FREE_BYTES = 1 << 20
 
 
 @dataclass
@@ -46,8 +87,18 @@ class Checkpointer:
             "partial": partial,
         }
         tmp = self.path.with_suffix(".tmp")
-        torch.save(state, tmp)
+        try:
+            torch.save(state, tmp)
+            _fsync(tmp)  # ENOSPC of a delayed write surfaces here, not after the rename
+        except (OSError, RuntimeError) as exc:
+            tmp.unlink(missing_ok=True)
+            if not _disk_full(exc, self.folder):
+                raise
+            raise CheckpointDiskFull(self.path, step, self.folder) from None
         os.replace(tmp, self.path)
+        owner = self.folder / CHECKPOINT_OWNER_FILE
+        if not owner.exists() or owner.read_text() != self.run_id:
+            owner.write_text(self.run_id)  # lets the rerun of a lost driver reopen this run and resume
 
     def load(self, model: Any, optimizer: Any, scheduler: Any, handle: Any, telemetry: Any) -> tuple[int, dict[str, Any]] | None:
         """Restore state and return (step, partial result); None when there is nothing to resume."""
@@ -69,6 +120,15 @@ class Checkpointer:
             _restore_scaler(site.scaler, saved)
         telemetry.events_total = state["telemetry_events"]
         return int(state["step"]), state["partial"]
+
+    def resumable(self) -> bool:
+        """Whether this run has a checkpoint to resume from (a retry then stays in the run)."""
+        if self.every <= 0 or not self.path.exists():
+            return False
+        try:
+            return torch.load(self.path, weights_only=False, map_location="cpu")["run_id"] == self.run_id
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint cannot be resumed from
+            return False
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

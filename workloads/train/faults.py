@@ -1,5 +1,5 @@
 """Deliberate faults for resilience tests (config `fault`): NaN weights, an exception, or a
-SIGKILL of the worker at a given step. Off unless `fault.kind` is set."""
+SIGKILL of the worker at a given step or before evaluation. Off unless `fault.kind` is set."""
 from __future__ import annotations
 
 import os
@@ -18,7 +18,7 @@ class FaultInjector:
         self.once_file = cfg.get("once_file")
 
     def before_step(self, step: int, params: list[torch.nn.Parameter]) -> None:
-        if self.kind is None or step != self.step or not self._armed():
+        if self.kind in (None, "kill_in_eval") or step != self.step or not self._armed():
             return
         if self.kind == "nan_weights":
             with torch.no_grad():
@@ -26,6 +26,12 @@ class FaultInjector:
         elif self.kind == "raise":
             raise RuntimeError(f"injected fault at step {step}")
         elif self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def before_eval(self) -> None:
+        """`fault.kind=kill_in_eval`: SIGKILL after training, before evaluation (a retry must
+        neither train again into the same run nor lose what training logged)."""
+        if self.kind == "kill_in_eval" and self._armed():
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _armed(self) -> bool:

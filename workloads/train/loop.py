@@ -48,6 +48,7 @@ class TrainResult:
     wall_s: float = 0.0
     diverged_step: int | None = None
     underflow_events: int = 0
+    underflow_logged_step: int = 0  # the step whose telemetry logged `underflow_events` (final metrics skip it there)
     verdict: str = ""  # the health verdict's line, when one was made (docs/health.md)
     telemetry_rows: list[dict[str, Any]] = field(default_factory=list)
     step_windows: list[list[float]] = field(default_factory=list)  # StepClock's timed windows (steady-state speed)
@@ -151,6 +152,7 @@ def run_training(model: Any, handle: Any, telemetry: Any, make_batches: Callable
             if report:
                 result.telemetry_rows += report.rows
                 result.underflow_events = int(report.metrics[METRIC_UNDERFLOW_EVENTS])
+                result.underflow_logged_step = step
             verdict = health.observe(step, metrics) if health else None  # host-side signals; the verdict step judges
             logger.log_step(step, metrics)
             if progress:
@@ -169,7 +171,9 @@ def run_training(model: Any, handle: Any, telemetry: Any, make_batches: Callable
             measured_s = time.perf_counter() - measured_at
             started += measured_s
             window_start += measured_s
-        if checkpointer and checkpointer.due(step) and step < settings.steps:
+        # The last step is checkpointed too: the trial keeps its checkpoint until the run is closed,
+        # so a worker killed during evaluation resumes after training instead of training again.
+        if checkpointer and (checkpointer.due(step) or step == settings.steps):
             result.wall_s = prior_wall + time.perf_counter() - started
             logger.flush()  # metrics up to this step are in MLflow before the checkpoint claims them
             checkpointer.save(step, model, optimizer, scheduler, handle, telemetry, dataclasses.asdict(result))

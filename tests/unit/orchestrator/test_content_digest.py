@@ -55,6 +55,7 @@ def test_model_digest_whole_and_sampled(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_unchanged_files_are_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = Path(shutil.copytree(EMBEDDED / "task", tmp_path / "task"))
+    monkeypatch.setattr(content_digest, "CONTENT_KEYED_BYTES", 0)  # cache every file (small ones are re-hashed)
     reads: list[Path] = []
     real = content_digest._hash_whole
     monkeypatch.setattr(content_digest, "_hash_whole", lambda p: reads.append(p) or real(p))

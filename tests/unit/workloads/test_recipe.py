@@ -59,7 +59,7 @@ def test_run_is_the_whole_trial(tmp_path: Path) -> None:
     config = default_config(["precision=fp8_naive", "train.steps=2", "train.batch_size=2", "train.log_every=1",
                              "train.num_threads=1", "eval.limit=1", "eval.before_training=true", "eval.loss_rows=2"])
     hooks = _Hooks()
-    outcome = recipe.run(config, hooks, "trial", "run")
+    outcome = recipe.run(config, hooks)
     assert hooks.calls == ["device", "rows", "precision", f"reference:{config['health']['reference_policy']}"]
     assert hooks.logger.steps[:2] == [1, 2]
     assert (outcome.status, outcome.reason, outcome.steps_done, outcome.diverged_step) == ("FINISHED", "", 2, None)
