@@ -102,9 +102,16 @@ def row_lengths(rows: Any, data_cfg: dict[str, Any], tokenizer: Any) -> list[int
     from workloads.data.load import row_segments
 
     fmt = detect_format(rows.column_names, data_cfg, f"data.path={data_cfg['path']}")
-    texts = ["".join(s.text for s in row_segments(row, i, fmt, data_cfg, tokenizer)) for i, row in enumerate(rows)]
-    encoded = tokenizer(texts, add_special_tokens=fmt != "chat")["input_ids"]
-    return [len(ids) for ids in encoded]
+    lengths: list[int] = []
+    for start in range(0, len(rows), LENGTH_CHUNK_ROWS):  # in chunks: memory stays bounded on any file size
+        chunk = rows.select(range(start, min(start + LENGTH_CHUNK_ROWS, len(rows))))
+        texts = ["".join(s.text for s in row_segments(row, start + i, fmt, data_cfg, tokenizer))
+                 for i, row in enumerate(chunk)]
+        lengths += [len(ids) for ids in tokenizer(texts, add_special_tokens=fmt != "chat")["input_ids"]]
+    return lengths
+
+
+LENGTH_CHUNK_ROWS = 4096  # rows tokenized at once when measuring lengths
 
 
 @dataclass(frozen=True)
