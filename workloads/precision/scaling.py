@@ -180,9 +180,9 @@ class BlockKind(ScalingKind):
 
 
 class _MicroscalingKind(ScalingKind):
-    """A Blackwell block format: 1 x block tiles along the last dim of every tensor (the
-    reduction dim of the forward GEMM and of dgrad's gradient), a per-block scale in the kind's
-    scale format, saturating casts (the scale format is coarser than ``fmax / amax``)."""
+    """A Blackwell block format: 1 x block tiles along the last dim (the reduction dim of the
+    forward GEMM and of dgrad's gradient), a per-block scale in the kind's scale format,
+    saturating casts (the scale format is coarser than ``fmax / amax``)."""
 
     saturates, tiled, fused, frozen_weight_ok = True, True, False, True
 
@@ -218,10 +218,15 @@ class MxKind(_MicroscalingKind):
 
 
 class Nvfp4Kind(_MicroscalingKind):
-    """``nvfp4``: E2M1 values, an E4M3 scale per 1x16 block and an FP32 scale per tensor."""
+    """``nvfp4``: E2M1 values, an E4M3 scale per 1x16 block (16x16 for weights, TE's default
+    2-D weight quantization: the forward and dgrad GEMMs see the same quantized weight) and an
+    FP32 scale per tensor."""
 
     name, short, native_scale_fmt, default_block = "nvfp4", "nv", "e4m3", 16
     element_fmts = ("e2m1",)
+
+    def tile(self, role: Role, block_size: int) -> tuple[int, int] | None:
+        return tile_shape_for(role, block_size)
 
     def native_scales(self, amax: torch.Tensor, x: torch.Tensor, fmt: Fp8Format) -> tuple[Any, Any]:
         return mxs.nvfp4_scales(amax, amax.amax(), fmt)  # the tensor's amax is its blocks' max
