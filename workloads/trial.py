@@ -111,6 +111,8 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, recorder: TrialRecorder,
         result["health"] = train.verdict
     result["metrics"].update(metrics)
     keep_adapter = result["status"] == "FINISHED" and config["tracking"].get("log_adapter", True)
+    if trial.telemetry.whatif is not None:
+        recorder.whatif(trial.telemetry.whatif.rows)
     recorder.end(metrics, train.steps_done, train.telemetry_rows,
                  adapter=(ADAPTER_ARTIFACT, lambda folder: save_adapter(trial.model, folder)) if keep_adapter else None)
 

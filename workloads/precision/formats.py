@@ -145,36 +145,33 @@ def saturating_cast(x: torch.Tensor, fmt: Fp8Format, *, inplace: bool = False) -
     return _to_codes(y.clamp_(-fmt.max, fmt.max), fmt)  # clamp keeps NaN
 
 
-def _to_codes(
-    clamped: torch.Tensor, fmt: Fp8Format, generator: torch.Generator | None = None
-) -> torch.Tensor:
+def _to_codes(clamped: torch.Tensor, fmt: Fp8Format, stochastic: bool = False) -> torch.Tensor:
     """Already clamped values -> ``fmt``'s codes: torch's cast, after rounding onto the grid
-    for a narrow format (``generator``: stochastically, see ``round_to_grid``)."""
+    for a narrow format (``stochastic``: see ``round_to_grid``)."""
     if fmt.narrow:
-        clamped = round_to_grid(clamped.float(), fmt, generator)
+        clamped = round_to_grid(clamped.float(), fmt, stochastic)
     return clamped.to(fmt.dtype)
 
 
-def round_to_grid(
-    p: torch.Tensor, fmt: Fp8Format, generator: torch.Generator | None = None
-) -> torch.Tensor:
+def round_to_grid(p: torch.Tensor, fmt: Fp8Format, stochastic: bool = False) -> torch.Tensor:
     """FP32 ``p`` (already within +-fmax) rounded onto ``fmt``'s grid, in FP32; NaN passes.
 
-    Nearest-even (``generator`` None) on the FP32 bits, as torch's float8 casts round: keep
+    Nearest-even on the FP32 bits, as torch's float8 casts round: keep
     ``m`` mantissa bits by adding half an ulp minus one plus the lowest kept bit, then clearing
     the dropped bits (a carry moves into the exponent as it should); below the smallest normal
     the grid is fixed (``smallest_subnormal`` apart) and ``torch.round`` is half-to-even.
-    Stochastic (a ``generator``, TE's NVFP4 gradients): round down or up to the two neighbours
-    with probabilities proportional to closeness, so the expected value is ``p`` itself --
-    ``floor(|p| / step + u) * step`` with ``u`` uniform in [0, 1) and ``step`` the grid spacing
-    at ``|p|`` (one binade's ulp, or the subnormal spacing).
+    ``stochastic`` (TE's NVFP4 gradients): round down or up to the two neighbours with
+    probabilities proportional to closeness, so the expected value is ``p`` itself --
+    ``floor(|p| / step + u) * step`` with ``u`` uniform in [0, 1) from torch's RNG (seeded by the
+    trial's seed, so a run repeats) and ``step`` the grid spacing at ``|p|`` (one binade's ulp,
+    or the subnormal spacing).
     """
     m = fmt.narrow_mantissa_bits if fmt.narrow else _MANTISSA_BITS[fmt.dtype]
     tiny, sub = fmt.smallest_normal, fmt.smallest_subnormal
     nan = p != p
     finite = torch.where(nan, 0.0, p)
     a = finite.abs()
-    if generator is None:
+    if not stochastic:
         drop = 23 - m
         bits = a.view(torch.int32)
         half = (1 << (drop - 1)) - 1
@@ -184,7 +181,7 @@ def round_to_grid(
     else:
         exponent = torch.frexp(torch.maximum(a, torch.full_like(a, tiny)))[1] - 1
         step = torch.ldexp(torch.ones_like(a), exponent - m)  # ulp of |p|'s binade (>= sub)
-        u = torch.rand(a.shape, generator=generator, device=a.device)
+        u = torch.rand(a.shape, device=a.device)
         magnitude = torch.minimum(torch.floor(a / step + u) * step, torch.full_like(a, fmt.max))
     return torch.where(nan, p, torch.copysign(magnitude, finite))
 
@@ -302,22 +299,22 @@ def encode_scaled(
     *,
     owned: bool,
     finite: bool = False,
-    generator: torch.Generator | None = None,
+    stochastic: bool = False,
 ) -> torch.Tensor:
     """The float8 codes of an already scaled tensor (``scale_operand``), saturating.
 
     ``owned``: ``scaled`` is a temporary the caller owns and may be overwritten. ``finite``: the
     caller has checked that it holds no NaN/Inf, so the ``nan_to_num`` pass (a no-op then) is
-    skipped; the codes are the same. ``generator``: round stochastically (a narrow format
+    skipped; the codes are the same. ``stochastic``: round stochastically (a narrow format
     only, ``round_to_grid``)."""
-    if finite or generator is not None:
+    if finite or stochastic:
         if not finite:  # Inf -> NaN first (module docstring)
             nan = float("nan")
             scaled = scaled.nan_to_num_(nan, nan, nan) if owned else scaled.nan_to_num(nan, nan, nan)
             owned = True
         fmax = fmt.max
         clamped = scaled.clamp_(-fmax, fmax) if owned else scaled.clamp(-fmax, fmax)
-        return _to_codes(clamped, fmt, generator)
+        return _to_codes(clamped, fmt, stochastic)
     return saturating_cast(scaled, fmt, inplace=owned)
 
 

@@ -24,8 +24,8 @@
   +-1 diagonal), which spreads an outlier over its block; ``H S`` is orthogonal, so a GEMM of two
   operands rotated the same way is unchanged and the emulator undoes the rotation after
   decoding (``unrotate``). TE applies it only to the operands of the weight-gradient GEMM.
-- **Stochastic rounding** (TE's NVFP4 gradients): ``formats.round_to_grid`` with a generator from
-  ``rounding_generator``, one per device seeded from the trial's torch seed, so a run repeats.
+- **Stochastic rounding** (TE's NVFP4 gradients): ``formats.round_to_grid(stochastic=True)``,
+  noise from torch's RNG, which the trial seeds, so a run repeats.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ __all__ = [
     "rotation",
     "rotate",
     "unrotate",
-    "rounding_generator",
 ]
 
 E8M0_BIAS = 127
@@ -140,16 +139,3 @@ def rotate(x: torch.Tensor, hs: torch.Tensor) -> torch.Tensor:
 def unrotate(y: torch.Tensor, hs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Undo ``rotate`` (times ``hs``'s transpose, its inverse) and round once to ``dtype``."""
     return rotate(y, hs.t()).to(dtype)
-
-
-_GENERATORS: dict[tuple[torch.device, int], torch.Generator] = {}
-
-
-def rounding_generator(device: torch.device) -> torch.Generator:
-    """The stochastic-rounding random stream of ``device``: its own generator, seeded from the
-    process's torch seed (the trial seed), so rounding noise neither shifts the trial's other
-    random draws (dropout, data order) nor changes between two runs of one seed."""
-    key = (torch.device(device), torch.initial_seed())
-    if key not in _GENERATORS:
-        _GENERATORS[key] = torch.Generator(device=device).manual_seed(key[1] ^ 0x5EED)
-    return _GENERATORS[key]

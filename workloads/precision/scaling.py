@@ -549,8 +549,8 @@ class TensorScaler:
             fits = peak is not None and finite and kind.saturates and bool(peak <= self.fmt.max)
             saturated = _zero_count(scaled.device) if fits else self._count_saturated(scaled)
         self.last_amax = x_amax
-        generator = mxs.rounding_generator(x.device) if self.recipe.stochastic_rounding else None
-        data = encode_scaled(scaled, self.fmt, owned=scaled is not x, finite=finite, generator=generator)
+        data = encode_scaled(scaled, self.fmt, owned=scaled is not x, finite=finite,
+                             stochastic=self.recipe.stochastic_rounding)
         self.observe(x, x_amax)
         rotation = mxs.rotation(self.recipe.block_size, x.device) if self.recipe.hadamard else None
         fp8 = Fp8Tensor(data, self.scale_inv, self.tile, may_have_nan=not finite, rotation=rotation)
