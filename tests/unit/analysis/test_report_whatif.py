@@ -33,6 +33,8 @@ def test_summary_and_the_layers_where_recipes_disagree_most():
     assert first["layer"] == "m.layers.0.b" and first["worst"] == "tensorwise"
     assert abs(first["spread"] - 4.0) < 1e-9  # 1e-2 vs 1e-6: four decades
     assert top.iloc[1]["spread"] == 0.0
+    eight_bit = disagreement(summary, recipes=("tensorwise", "rowwise", "block", "mxfp8"))
+    assert "nvfp4" not in eight_bit.columns and eight_bit.iloc[0]["best"] in ("rowwise", "block", "mxfp8")
 
 
 def test_section_and_heatmap_appear_only_with_whatif_rows():
