@@ -7,7 +7,7 @@ and layout. The statistics section says exactly which test and interval were use
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -23,6 +23,7 @@ from analysis.recommend import recommendation
 from analysis.render import Bullets, Document, Heading, Image, Para, Table
 from analysis.summary import EMULATED_NOTE, ablation_lines, acc_text, verdict_lines
 from analysis.tidy import axis_columns
+from analysis.whatif import whatif_blocks
 from fp8lab_conf.contracts import TAG_TRIAL_ID
 
 
@@ -45,6 +46,8 @@ class ReportInputs:
     logged_to: str | None = None
     disagreements: pd.DataFrame | None = None
     """Items where a policy and the baseline disagree (`analysis.disagreements`); None: not computed."""
+    whatif: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """``analysis.whatif.whatif_summary`` of the runs' what-if telemetry (empty: none logged)."""
 
 
 def _axes_of(frame: pd.DataFrame) -> list[str]:
@@ -533,6 +536,7 @@ def build_document(inp: ReportInputs) -> Document:
     for section in (intro_blocks, verdict_blocks, summary_blocks, figure_blocks, mechanism_blocks, cost_blocks,
                     problem_blocks):  # fmt: skip
         blocks += section(inp)
+    blocks += whatif_blocks(inp.whatif)
     if inp.disagreements is not None:
         blocks += disagreement_blocks(inp.disagreements, inp.options.baseline_policy)
     blocks += early_warning_blocks(inp.trials, inp.options)

@@ -28,6 +28,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from scipy import stats as _st
 
 from analysis import fmt
+from fp8lab_conf.contracts import WHATIF_RECIPES
 from analysis.options import ReportOptions
 from analysis.summary import EMULATED_NOTE, Group, groups_of
 from analysis.tidy import axis_columns, natural_key
@@ -594,6 +595,37 @@ def amax_distributions(
 
 
 # --------------------------------------------------------------------------- memory
+
+
+def whatif_heatmaps(summary: pd.DataFrame, options: ReportOptions) -> list[FigureArtifact]:
+    """Per policy: one panel per what-if recipe, layer x tensor kind, coloured by log10 MSE of
+    the round trip (``analysis.whatif.whatif_summary``), one colour scale for all panels."""
+    out = []
+    for policy, frame in summary.groupby("policy", sort=True):
+        recipes = [r for r in WHATIF_RECIPES if r in set(frame["recipe"])]
+        layers = sorted(frame["layer"].astype(str).unique(), key=natural_key)[: options.max_heatmap_layers]
+        short = _short_layers(layers)
+        kinds = _kinds(frame)
+        fig, axes, cax = _panel_figure(len(recipes), len(layers), list(short.values()),
+                                       f"What each recipe would do: log10 MSE per layer and tensor — {policy}",
+                                       colorbar=True)  # fmt: skip
+        lo, hi = float(frame["log10_mse"].min()), float(frame["log10_mse"].max())
+        img = None
+        for ax, recipe in zip(axes, recipes, strict=True):
+            piv = frame[frame["recipe"] == recipe].pivot_table(index="layer", columns="kind", values="log10_mse")
+            piv = piv.reindex(index=layers, columns=kinds)
+            img = ax.imshow(piv.to_numpy(float), aspect="auto", interpolation="nearest", cmap="viridis",
+                            vmin=lo, vmax=hi)  # fmt: skip
+            _label_ticks(ax, [short[x] for x in layers], "y")
+            ax.set_xticks(range(len(kinds)), kinds, fontsize=7)
+            ax.set_title(recipe, fontsize=9)
+        if img is not None and cax is not None:
+            fig.colorbar(img, cax=cax, label="log10 MSE (mean over steps and seeds)")
+        cap = ("The same tensors under each recipe (what-if telemetry): darker is closer to the tensor. "
+               "A layer dark in one panel and bright in another is where the recipe choice matters.")
+        out.append(FigureArtifact(f"whatif_{_slug(str(policy))}", f"What each recipe would do — {policy}", cap,
+                                  _png(fig)))
+    return out
 
 
 def memory_bars(summary: pd.DataFrame, options: ReportOptions) -> list[FigureArtifact]:

@@ -437,8 +437,10 @@ def fetch_telemetry(
     runs: Sequence[tuple[str, str]],
     workers: int = 8,
     columns: Sequence[str] = TELEMETRY_COLUMNS,
+    path: str = TELEMETRY_PATH,
 ) -> pd.DataFrame:
-    """Per-layer telemetry of each (run_id, artifact_uri); runs without the Parquet are skipped."""
+    """Per-layer telemetry of each (run_id, artifact_uri); runs without the Parquet are skipped.
+    ``path``/``columns``: another telemetry Parquet (the what-if one: WHATIF_PATH / WHATIF_COLUMNS)."""
 
     def read(path: Path) -> pd.DataFrame:
         import pyarrow.parquet as pq
@@ -446,7 +448,7 @@ def fetch_telemetry(
         available = set(pq.read_schema(path).names)
         return pd.read_parquet(path, columns=[c for c in columns if c in available])
 
-    parts = _each_run_file(tracking_uri, runs, workers, TELEMETRY_PATH, read)
+    parts = _each_run_file(tracking_uri, runs, workers, path, read)
     if not parts:
         return pd.DataFrame(columns=["run_id", *columns])
     return pd.concat(parts, ignore_index=True)

@@ -23,13 +23,15 @@ from analysis.document import ReportInputs, build_document
 from analysis.loss_compare import LossEvidence
 from analysis.environment import environment_items
 from analysis.errors import ReportError
-from analysis.figures import all_figures
+from analysis.figures import all_figures, whatif_heatmaps
 from analysis.files import write_folder_atomic
 from analysis.options import ReportOptions
 from analysis.render import to_html, to_markdown
 from analysis.speed_probe import apply_probe, probe_ratios
 from analysis.summary import ablation_table, build_summary
 from analysis.tidy import apply_final_values, axes_where_runs_differ, clean_history, dedupe_trials, step_series, tidy_runs
+from analysis.whatif import whatif_summary
+from fp8lab_conf.contracts import WHATIF_COLUMNS, WHATIF_PATH
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +166,7 @@ def generate_report(
     counted = trials[trials["counted"]]
     history = step_series(histories, options.loss_metric)
     t = lap("metric_history", t)
-    telemetry = pd.DataFrame()
+    telemetry = whatif = pd.DataFrame()
     uris = raw.set_index("run_id")["artifact_uri"].to_dict()
     with load.quiet_downloads():
         if options.fetch_telemetry:
@@ -172,6 +174,9 @@ def generate_report(
             telemetry = load.fetch_telemetry(
                 tracking_uri, [(r, str(uris.get(r) or "")) for r in fp8["run_id"]], options.max_workers
             )
+            whatif = whatif_summary(load.fetch_telemetry(
+                tracking_uri, [(r, str(uris.get(r) or "")) for r in fp8["run_id"]], options.max_workers,
+                WHATIF_COLUMNS, WHATIF_PATH), counted)  # fmt: skip
         t = lap("telemetry", t)
         first_child = str(uris.get(trials["run_id"].iloc[0]) or "") if len(trials) else ""
         env_json = load.fetch_env_json(tracking_uri, [parent["artifact_uri"] if parent else "", first_child])
@@ -194,6 +199,8 @@ def generate_report(
     ablations = ablation_table(trials, options, evidence)
     t = lap("statistics", t)
     figures = all_figures(trials, summary, history, telemetry, options, warnings)
+    if not whatif.empty:
+        figures = [*figures, *whatif_heatmaps(whatif, options)]
     t = lap("figures", t)
 
     will_log = options.log_to_mlflow and ref.parent_run_id is not None and not ref.all_runs
@@ -211,6 +218,7 @@ def generate_report(
             figures=figures,
             environment=env,
             warnings=warnings,
+            whatif=whatif,
             logged_to=ref.parent_run_id if will_log else None,
             disagreements=disagree,
         )

@@ -154,6 +154,7 @@ GEMM_MODES = ("emulated", "scaled_mm")
 
 # --- artifacts --------------------------------------------------------------------------------
 TELEMETRY_PATH = "telemetry/telemetry.parquet"
+WHATIF_PATH = "telemetry/whatif.parquet"  # precision.telemetry.whatif: every recipe on the same tensors
 SAMPLES_DIR = "eval/samples"
 LOSS_ROWS_ARTIFACT = "eval/loss_rows.jsonl"  # one {"row", "loss", "tokens"} per held-out row
 RESULT_JSON = "result.json"
@@ -161,6 +162,12 @@ RESULT_JSON = "result.json"
 # Columns of the telemetry Parquet, in order. `value` holds the scalar of non-cast rows.
 TELEMETRY_COLUMNS = ("step", "layer", "kind", "underflow_pct", "overflow_pct", "amax",
                      "scale_inv_min", "scale_inv_max", "mse", "nonfinite", "numel", "value")
+
+
+# The what-if telemetry (workloads/precision/whatif.py): one row per recorded step, cast tensor
+# (layer, kind) and recipe, with the telemetry's own underflow / overflow / MSE definitions.
+WHATIF_RECIPES = ("tensorwise", "rowwise", "block", "mxfp8", "nvfp4")
+WHATIF_COLUMNS = ("step", "layer", "kind", "recipe", "underflow_pct", "overflow_pct", "mse", "numel")
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,7 @@ SCHEMA: dict[str, Any] = {
             "enabled": _BOOL,
             "every": _int("an integer >= 1", "10", lo=1),
             "underflow_threshold_pct": _pos_float("10.0", upper=100),
+            "whatif": _BOOL,
         },
     },
     "train": {

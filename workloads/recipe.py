@@ -44,6 +44,7 @@ from workloads.precision.backends import apply_backend, select_backend
 from workloads.precision.policy import PrecisionPolicy, get_policy
 from workloads.precision.scaled_mm import enable_scaled_mm
 from workloads.precision.telemetry import Fp8Telemetry
+from workloads.precision.whatif import WhatIf
 from workloads.train.checkpoint import Checkpointer
 from workloads.train.faults import FaultInjector
 from workloads.train.loop import LoopSettings, ProgressFn, TrainResult, run_training
@@ -77,12 +78,15 @@ class PrecisionSettings:
     backend: str
     underflow_threshold_pct: float
     gemm: str = "emulated"  # ``precision.gemm``: scaled_mm runs the FP8 GEMMs through torch._scaled_mm
+    whatif: bool = False  # ``precision.telemetry.whatif``: every recipe on the same tensors (whatif.py)
 
     @classmethod
     def from_config(cls, precision_cfg: dict[str, Any]) -> PrecisionSettings:
         switches = tuple((precision_cfg["switches"] or {}).items())
+        telemetry = precision_cfg["telemetry"]
         return cls(precision_cfg["policy"], switches, precision_cfg["backend"],
-                   precision_cfg["telemetry"]["underflow_threshold_pct"], precision_cfg.get("gemm", "emulated"))
+                   telemetry["underflow_threshold_pct"], precision_cfg.get("gemm", "emulated"),
+                   bool(telemetry.get("whatif", False)))
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,7 @@ class Outcome:
     scores: Scores | None  # None: not evaluated (diverged, stopped early)
     adapter: tuple[str, Callable[[Path], Path]] | None  # (artifact folder, save function), when kept
     logged_at_end: frozenset[str] = frozenset()  # final metrics the loop already logged at the last step
+    whatif_rows: list[dict[str, Any]] | None = None  # every recipe on the cast tensors (precision.telemetry.whatif)
 
 
 def run(config: dict[str, Any], hooks: RunHooks, checkpointer: Checkpointer | None = None,
@@ -268,7 +273,9 @@ def setup_data(data_cfg: dict[str, Any], max_seq_len: int, tokenizer: Any, embed
 def setup_policy(precision: PrecisionSettings) -> tuple[PrecisionPolicy, Fp8Telemetry]:
     """The registered policy with its switches, and the telemetry collector it reports into."""
     policy = get_policy(precision.policy).with_switches(**dict(precision.switches))
-    return policy, Fp8Telemetry(underflow_threshold_pct=precision.underflow_threshold_pct)
+    telemetry = Fp8Telemetry(underflow_threshold_pct=precision.underflow_threshold_pct)
+    telemetry.whatif = WhatIf() if precision.whatif else None
+    return policy, telemetry
 
 
 def setup_backend(model: Any, policy: PrecisionPolicy, telemetry: Fp8Telemetry, backend: str,
@@ -381,4 +388,5 @@ def export(trial: Trial, trained: TrainResult, metrics: dict[str, float], scores
     adapter = (ADAPTER_ARTIFACT, functools.partial(save_adapter, trial.model)) if status == "FINISHED" and keep_adapter else None
     logged = frozenset({METRIC_UNDERFLOW_EVENTS} if trained.underflow_logged_step == trained.steps_done else ())
     return Outcome(status, reason, metrics, trained.steps_done, trained.verdict, trained.diverged_step, stopped,
-                   trained.telemetry_rows, scores, adapter, logged)
+                   trained.telemetry_rows, scores, adapter, logged,
+                   trial.telemetry.whatif.rows if trial.telemetry.whatif is not None else None)

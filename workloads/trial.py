@@ -104,6 +104,8 @@ def _record_end(recorder: TrialRecorder, outcome: recipe.Outcome) -> None:
     if outcome.scores is not None:
         recorder.heldout(outcome.scores.heldout_rows)
         recorder.eval(outcome.scores.lm_eval, outcome.scores.aggregate)
+    if outcome.whatif_rows is not None:
+        recorder.whatif(outcome.whatif_rows)
     metrics = {k: v for k, v in outcome.metrics.items() if k not in outcome.logged_at_end}  # each (metric, step) once
     recorder.end(metrics, outcome.steps_done, outcome.telemetry_rows, adapter=outcome.adapter)
 

@@ -50,7 +50,10 @@ POLICIES = [
     ("fp8_protected-block_scales", "DelayedScaling"),
     ("fp8_naive-activation_scaling", None),  # plain casts: TE raises
     ("fp8_protected", "Float8BlockScaling"),
+    ("mxfp8", "MXFP8BlockScaling"),  # Blackwell (SM 10.0) only: unverified until one is at hand
+    ("nvfp4", "NVFP4BlockScaling"),
 ]
+_AVAILABLE = {"MXFP8BlockScaling": "is_mxfp8_available", "NVFP4BlockScaling": "is_nvfp4_available"}
 
 
 def test_select_backend_picks_te():
@@ -76,6 +79,10 @@ def test_te_swaps_base_linears_and_trains_only_lora(name, recipe):
         return
     if recipe == "Float8BlockScaling" and not te.is_fp8_block_scaling_available()[0]:
         pytest.skip("Float8BlockScaling needs Hopper (SM 9.0)")
+    if recipe in _AVAILABLE:
+        probe = getattr(te, _AVAILABLE[recipe], None)
+        if probe is None or not probe()[0]:
+            pytest.skip(f"{recipe} needs a Blackwell GPU (SM 10.0) and a TE that has it")
     model = tiny_lora_model()
     tel = Fp8Telemetry()
     handle = apply_backend(model, name, tel, select_backend("transformer_engine", DEVICE))

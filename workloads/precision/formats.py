@@ -11,6 +11,14 @@ All rounding, subnormal handling and flushing come from torch's own float8 dtype
 (``torch.float8_e4m3fn``, ``torch.float8_e5m2``); this module only adds what torch's cast
 does not promise: saturation of finite out-of-range values, and a fixed rule for infinities.
 
+E2M1 (NVFP4's and MXFP4's 4-bit element, values +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}) has no torch cast
+(``torch.float4_e2m1fn_x2`` is a storage dtype only: torch 2.13 cannot convert to or from it), so it
+is a *narrow* format: values are rounded onto its grid here (``round_to_grid``: nearest-even like
+torch's casts, or stochastic) and carried in ``float8_e4m3fn`` codes, which hold every E2M1 value
+exactly -- so the decoder, the tiles and the scales are the FP8 ones. ``e2m1_codes`` /
+``pack_e2m1`` give the real 4-bit codes (packed two per byte as ``float4_e2m1fn_x2``); the carrier
+costs a byte per value in memory where hardware stores half of one.
+
 Why clamp ourselves: torch's float -> float8 conversion is not saturating in general
 (``e5m2`` turns values above its range into Inf, and ``e4m3fn`` has produced NaN for them on some
 builds and devices, while the CPU kernel of torch 2.13 saturates and even maps Inf to 448).
@@ -37,6 +45,10 @@ import torch.nn.functional as F
 
 __all__ = [
     "Fp8Format",
+    "E2M1",
+    "round_to_grid",
+    "e2m1_codes",
+    "pack_e2m1",
     "scale_operand",
     "encode_scaled",
     "as_2d",
@@ -69,6 +81,12 @@ class Fp8Format:
     smallest_normal: float
     smallest_subnormal: float
     has_inf: bool
+    narrow_mantissa_bits: int | None = None  # set: a narrower format carried in ``dtype`` codes
+
+    @property
+    def narrow(self) -> bool:
+        """Rounded onto its own grid by this module, then carried exactly in ``dtype``."""
+        return self.narrow_mantissa_bits is not None
 
     def __repr__(self) -> str:
         return f"Fp8Format({self.name})"
@@ -90,7 +108,19 @@ def _make(name: str, dtype: torch.dtype, mantissa_bits: int, has_inf: bool) -> F
 E4M3 = _make("e4m3", torch.float8_e4m3fn, mantissa_bits=3, has_inf=False)  # max 448
 E5M2 = _make("e5m2", torch.float8_e5m2, mantissa_bits=2, has_inf=True)  # max 57344
 
-FORMATS: dict[str, Fp8Format] = {E4M3.name: E4M3, E5M2.name: E5M2}
+# E2M1: 1 mantissa bit, smallest normal 1.0 (exponent bias 1), max 6, no Inf/NaN (OCP MX spec
+# section 5.3.3); carried in E4M3 codes, which hold all 15 of its values exactly.
+E2M1 = Fp8Format(
+    name="e2m1",
+    dtype=torch.float8_e4m3fn,
+    max=6.0,
+    smallest_normal=1.0,
+    smallest_subnormal=0.5,
+    has_inf=False,
+    narrow_mantissa_bits=1,
+)
+
+FORMATS: dict[str, Fp8Format] = {E4M3.name: E4M3, E5M2.name: E5M2, E2M1.name: E2M1}
 
 
 def get_format(name: str | Fp8Format) -> Fp8Format:
@@ -112,7 +142,69 @@ def saturating_cast(x: torch.Tensor, fmt: Fp8Format, *, inplace: bool = False) -
     """
     nan = float("nan")
     y = x.nan_to_num_(nan, nan, nan) if inplace else x.nan_to_num(nan, nan, nan)  # Inf -> NaN
-    return y.clamp_(-fmt.max, fmt.max).to(fmt.dtype)  # clamp keeps NaN
+    return _to_codes(y.clamp_(-fmt.max, fmt.max), fmt)  # clamp keeps NaN
+
+
+def _to_codes(clamped: torch.Tensor, fmt: Fp8Format, stochastic: bool = False) -> torch.Tensor:
+    """Already clamped values -> ``fmt``'s codes: torch's cast, after rounding onto the grid
+    for a narrow format (``stochastic``: see ``round_to_grid``)."""
+    if fmt.narrow:
+        clamped = round_to_grid(clamped.float(), fmt, stochastic)
+    return clamped.to(fmt.dtype)
+
+
+def round_to_grid(p: torch.Tensor, fmt: Fp8Format, stochastic: bool = False) -> torch.Tensor:
+    """FP32 ``p`` (already within +-fmax) rounded onto ``fmt``'s grid, in FP32; NaN passes.
+
+    Nearest-even on the FP32 bits, as torch's float8 casts round: keep
+    ``m`` mantissa bits by adding half an ulp minus one plus the lowest kept bit, then clearing
+    the dropped bits (a carry moves into the exponent as it should); below the smallest normal
+    the grid is fixed (``smallest_subnormal`` apart) and ``torch.round`` is half-to-even.
+    ``stochastic`` (TE's NVFP4 gradients): round down or up to the two neighbours with
+    probabilities proportional to closeness, so the expected value is ``p`` itself --
+    ``floor(|p| / step + u) * step`` with ``u`` uniform in [0, 1) from torch's RNG (seeded by the
+    trial's seed, so a run repeats) and ``step`` the grid spacing at ``|p|`` (one binade's ulp,
+    or the subnormal spacing).
+    """
+    m = fmt.narrow_mantissa_bits if fmt.narrow else _MANTISSA_BITS[fmt.dtype]
+    tiny, sub = fmt.smallest_normal, fmt.smallest_subnormal
+    nan = p != p
+    finite = torch.where(nan, 0.0, p)
+    a = finite.abs()
+    if not stochastic:
+        drop = 23 - m
+        bits = a.view(torch.int32)
+        half = (1 << (drop - 1)) - 1
+        normal = ((bits + half + ((bits >> drop) & 1)) & ~((1 << drop) - 1)).view(torch.float32)
+        subnormal = torch.round(a * (1.0 / sub)) * sub
+        magnitude = torch.where(a < tiny, subnormal, normal)
+    else:
+        exponent = torch.frexp(torch.maximum(a, torch.full_like(a, tiny)))[1] - 1
+        step = torch.ldexp(torch.ones_like(a), exponent - m)  # ulp of |p|'s binade (>= sub)
+        u = torch.rand(a.shape, device=a.device)
+        magnitude = torch.minimum(torch.floor(a / step + u) * step, torch.full_like(a, fmt.max))
+    return torch.where(nan, p, torch.copysign(magnitude, finite))
+
+
+_MANTISSA_BITS = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}
+_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # code 0..7 (OCP MX table 5)
+
+
+def e2m1_codes(q: torch.Tensor) -> torch.Tensor:
+    """The 4-bit E2M1 codes (uint8, sign in bit 3) of E2M1 values carried in E4M3 ``q``."""
+    v = q.float()
+    grid = torch.tensor(_E2M1_VALUES, device=v.device)
+    magnitude = torch.searchsorted(grid, v.abs()).to(torch.uint8)
+    if not bool((grid[magnitude.long().clamp(max=7)] == v.abs()).all()):
+        raise ValueError("e2m1_codes: a value is not on the E2M1 grid")
+    return magnitude | (torch.signbit(v).to(torch.uint8) << 3)
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit codes per byte as ``torch.float4_e2m1fn_x2`` (element 2i in the low nibble,
+    as torchao's ``pack_uint4`` and the PTX ``cvt...e2m1x2`` layout); last dim must be even."""
+    pairs = codes.reshape(*codes.shape[:-1], -1, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).view(torch.float4_e2m1fn_x2)
 
 
 def decode(q: torch.Tensor, dtype: torch.dtype, *, may_have_nan: bool = True) -> torch.Tensor:
@@ -202,17 +294,27 @@ def scale_operand(
 
 
 def encode_scaled(
-    scaled: torch.Tensor, fmt: Fp8Format, *, owned: bool, finite: bool = False
+    scaled: torch.Tensor,
+    fmt: Fp8Format,
+    *,
+    owned: bool,
+    finite: bool = False,
+    stochastic: bool = False,
 ) -> torch.Tensor:
     """The float8 codes of an already scaled tensor (``scale_operand``), saturating.
 
     ``owned``: ``scaled`` is a temporary the caller owns and may be overwritten. ``finite``: the
     caller has checked that it holds no NaN/Inf, so the ``nan_to_num`` pass (a no-op then) is
-    skipped; the codes are the same."""
-    if finite:
+    skipped; the codes are the same. ``stochastic``: round stochastically (a narrow format
+    only, ``round_to_grid``)."""
+    if finite or stochastic:
+        if not finite:  # Inf -> NaN first (module docstring)
+            nan = float("nan")
+            scaled = scaled.nan_to_num_(nan, nan, nan) if owned else scaled.nan_to_num(nan, nan, nan)
+            owned = True
         fmax = fmt.max
         clamped = scaled.clamp_(-fmax, fmax) if owned else scaled.clamp(-fmax, fmax)
-        return clamped.to(fmt.dtype)
+        return _to_codes(clamped, fmt, stochastic)
     return saturating_cast(scaled, fmt, inplace=owned)
 
 
@@ -408,23 +510,10 @@ def _round_e5m2(p: torch.Tensor) -> torch.Tensor:
     """FP32 ``p`` (already clamped to +-57344) rounded to E5M2, in FP32.
 
     Inductor's FP32 -> E5M2 conversion is a scalar loop on CPU, so the rounding is done on the
-    FP32 bits instead: E5M2 keeps 2 of FP32's 23 mantissa bits, and adding ``0xFFFFF`` plus the
-    lowest kept bit before clearing the 21 dropped bits is round-to-nearest-even (a carry moves
-    into the exponent as it should; the clamp keeps the result <= fmax). Below 2**-14 E5M2 is
-    subnormal, a fixed grid of 2**-16: ``round(|p| * 2**16) * 2**-16`` (torch.round is
-    half-to-even, and both products are exact). NaN passes through. The unit tests compare every
-    BF16 value with torch's own cast.
+    FP32 bits instead (``round_to_grid``, nearest-even; elementwise integer ops that inductor
+    vectorises). The unit tests compare every BF16 value with torch's own cast.
     """
-    nan = p != p
-    finite = torch.where(nan, 0.0, p)
-    mag = finite.view(torch.int32) & 0x7FFFFFFF
-    normal = ((mag + 0xFFFFF + ((mag >> 21) & 1)) & 0x7FE00000).view(torch.float32)
-    subnormal = torch.round(finite.abs() * 65536.0) * (1.0 / 65536.0)
-    magnitude = torch.where(mag < _E5M2_MIN_NORMAL_BITS, subnormal, normal)
-    return torch.where(nan, p, torch.copysign(magnitude, finite))
-
-
-_E5M2_MIN_NORMAL_BITS = 0x38800000  # FP32 bits of 2**-14, E5M2's smallest normal
+    return round_to_grid(p, E5M2)
 
 
 def _k_decode(

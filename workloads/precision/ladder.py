@@ -7,7 +7,10 @@ vs block scales, calibration, the LoRA gradient scaler). Each one is named after
 (off). A rung is a base policy with exactly one mechanism moved to the other position:
 
 - ``fp8_naive+<id>`` (ladder ``up``): the stock FP8 conversion plus one protection;
-- ``fp8_naive-<id>`` / ``fp8_protected-<id>`` (ladder ``down``): one protection removed.
+- ``fp8_naive-<id>`` / ``fp8_protected-<id>`` (ladder ``down``): one protection removed;
+- ``mxfp8<+|-><id>`` / ``nvfp4<+|-><id>``: the mechanisms that set Blackwell's block formats
+  apart (block size, scale format, stochastic rounding, the Hadamard transform), moved one at a
+  time from the two Blackwell policies.
 
 So the same id names the same switch on both ladders (``fp8_naive+calibration`` and
 ``fp8_protected-calibration`` move the same two fields in opposite directions), and a report can
@@ -46,7 +49,7 @@ __all__ = [
 ]
 
 
-LADDER_BASES = ("fp8_naive", "fp8_protected")
+LADDER_BASES = ("fp8_naive", "fp8_protected", "mxfp8", "nvfp4")
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,36 @@ def _cast(fmt: str, kind: str, exact: bool = True) -> dict[str, Any]:
     """A cast position: ``exact`` per-tensor scales (fmax / amax, TE's CurrentScaling and
     DelayedScaling arithmetic) unless asked for power-of-two ones (``CastSpec.parse`` reads it)."""
     return {"fmt": fmt, "kind": kind, **({"power_2_scale": False} if exact else {})}
+
+
+def _block(fmt: str, kind: str, block: int, **switches: Any) -> dict[str, Any]:
+    """A block-format cast position (``mx`` / ``nvfp4``) with its block size spelled out."""
+    return {"fmt": fmt, "kind": kind, "block_size": block, **switches}
+
+
+# The Blackwell policies' casts (policy.py builds mxfp8 / nvfp4 from these, so a rung's
+# position and its base's setting cannot drift apart).
+MECHANISM_CASTS: dict[str, dict[str, Any]] = {
+    "mxfp8": _block("e4m3", "mx", 32),
+    "mxfp8_128": _block("e4m3", "mx", 128),
+    "mxfp8_fp32": _block("e4m3", "mx", 32, block_scale_fmt="fp32"),
+    "nvfp4": _block("e2m1", "nvfp4", 16),
+    "nvfp4_32": _block("e2m1", "nvfp4", 32),
+    "nvfp4_sr": _block("e2m1", "nvfp4", 16, stochastic_rounding=True),
+    "nvfp4_sr_32": _block("e2m1", "nvfp4", 32, stochastic_rounding=True),
+    "nvfp4_fp32": _block("e2m1", "nvfp4", 16, block_scale_fmt="fp32"),
+    "nvfp4_sr_fp32": _block("e2m1", "nvfp4", 16, block_scale_fmt="fp32", stochastic_rounding=True),
+    "nvfp4_sr_rht": _block("e2m1", "nvfp4", 16, stochastic_rounding=True, hadamard=True),
+}
+
+
+def _all_three(weight: str, activation: str, dgrad: str) -> dict[str, Any]:
+    """The three base casts at once (a block-format mechanism moves all of them)."""
+    return {
+        "base_weight": MECHANISM_CASTS[weight],
+        "base_activation": MECHANISM_CASTS[activation],
+        "base_dgrad": MECHANISM_CASTS[dgrad],
+    }
 
 
 _MECHANISMS = (
@@ -178,7 +211,56 @@ _MECHANISMS = (
         expose={"lora_grad_scaler": False},
     ),
 )
-MECHANISMS: dict[str, Mechanism] = {m.id: m for m in _MECHANISMS}
+_BLACKWELL_MECHANISMS = (
+    Mechanism(
+        "mx_block32",
+        "MXFP8 with one E8M0 scale per 32 values along the reduction dim (the MX block) instead "
+        "of per 128 (Float8BlockScaling's 1x128 tile, still E8M0): a large value costs "
+        "resolution to 31 neighbours, not 127.",
+        protect=_all_three("mxfp8", "mxfp8", "mxfp8"),
+        expose=_all_three("mxfp8_128", "mxfp8_128", "mxfp8_128"),
+    ),
+    Mechanism(
+        "mx_fp32_scales",
+        "MXFP8 blocks scaled by their exact FP32 fmax / amax instead of an E8M0 power of two "
+        "by the OCP rule (floor(log2 amax) - 8), under which a block's largest values can "
+        "exceed 448 and saturate, and the rest lose up to one binade of resolution.",
+        protect=_all_three("mxfp8_fp32", "mxfp8_fp32", "mxfp8_fp32"),
+        expose=_all_three("mxfp8", "mxfp8", "mxfp8"),
+    ),
+    Mechanism(
+        "nvfp4_block16",
+        "NVFP4 with one E4M3 scale per 16 values (16x16 for weights) instead of per 32 "
+        "(32x32): the small block is what lets a 4-bit format follow the data.",
+        protect=_all_three("nvfp4", "nvfp4", "nvfp4_sr"),
+        expose=_all_three("nvfp4_32", "nvfp4_32", "nvfp4_sr_32"),
+    ),
+    Mechanism(
+        "nvfp4_fp32_scales",
+        "NVFP4 blocks scaled by their exact FP32 6 / amax instead of an E4M3 block scale "
+        "(rounded to 3 mantissa bits) under the FP32 per-tensor scale.",
+        protect=_all_three("nvfp4_fp32", "nvfp4_fp32", "nvfp4_sr_fp32"),
+        expose=_all_three("nvfp4", "nvfp4", "nvfp4_sr"),
+    ),
+    Mechanism(
+        "stochastic_rounding",
+        "The NVFP4 gradient entering the base dgrad GEMMs is rounded stochastically (unbiased: "
+        "the expected value is the gradient) instead of to nearest, TE's NVFP4 choice for "
+        "gradients.",
+        protect={"base_dgrad": MECHANISM_CASTS["nvfp4_sr"]},
+        expose={"base_dgrad": MECHANISM_CASTS["nvfp4"]},
+    ),
+    Mechanism(
+        "hadamard",
+        "The NVFP4 dgrad gradient goes through a 16-point random Hadamard transform before "
+        "quantization (undone after decoding), spreading an outlier over its block. TE applies "
+        "it to the weight-gradient GEMM only, which a frozen base never runs; this rung applies "
+        "it to the one gradient a frozen base's GEMMs do cast, dgrad's.",
+        protect={"base_dgrad": MECHANISM_CASTS["nvfp4_sr_rht"]},
+        expose={"base_dgrad": MECHANISM_CASTS["nvfp4_sr"]},
+    ),
+)
+MECHANISMS: dict[str, Mechanism] = {m.id: m for m in (*_MECHANISMS, *_BLACKWELL_MECHANISMS)}
 
 
 @dataclass(frozen=True)
@@ -231,6 +313,12 @@ RUNGS: tuple[Rung, ...] = (
             "fp32_adapters_vs_scaled_e4m3",
         )
     ),
+    Rung("mxfp8", "down", "mx_block32"),
+    Rung("mxfp8", "up", "mx_fp32_scales"),
+    Rung("nvfp4", "down", "nvfp4_block16"),
+    Rung("nvfp4", "up", "nvfp4_fp32_scales"),
+    Rung("nvfp4", "down", "stochastic_rounding"),
+    Rung("nvfp4", "up", "hadamard"),
 )
 
 

@@ -90,6 +90,7 @@ class CastSite:
             return self.scaler.quantize_dequantize(x, dtype)
         x_dq, stats = self.cast_with_stats(x, dtype)
         self.telemetry.record_stats(self.layer, self.kind, x.numel(), stats)
+        _what_if(self.telemetry, self.layer, self.kind, x)
         return x_dq
 
     def cast_with_stats(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,6 +121,7 @@ class CastSite:
             return scaler.quantize(x)[0]
         q, _, stats = self._quantize_with_stats(x, dtype)
         tel.record_stats(self.layer, self.kind, x.numel(), stats)
+        _what_if(tel, self.layer, self.kind, x)
         return q
 
 
@@ -163,6 +165,7 @@ class _SharedCastCache:
             self._entries.append((key, weakref.ref(x), value, scaler.scale_inv, stats))
         if recording:
             site.telemetry.record_stats(site.layer, site.kind, x.numel(), stats)
+            _what_if(site.telemetry, site.layer, site.kind, x)
         return value
 
     def clear(self) -> None:
@@ -386,6 +389,14 @@ def _register_weight_stats(
     x_dq = q.dequantize(w.dtype if w.dtype in (torch.bfloat16, torch.float32) else torch.float32)
     stats = cast_stats(w, x_dq, q.scale_inv, saturated, q.data, nan_free)
     tel.register_static(name, "weight", stats, w.numel())
+    if tel.whatif is not None:
+        tel.whatif.observe_static(name, "weight", w)
+
+
+def _what_if(tel: Fp8Telemetry, layer: str, kind: str, x: torch.Tensor) -> None:
+    """The what-if hook of a recorded cast (``whatif.py``; off unless the trial asks for it)."""
+    if tel.whatif is not None:
+        tel.whatif.observe(layer, kind, x)
 
 
 class Fp8TiedLinear(nn.Linear):

@@ -28,7 +28,16 @@ Registered policies:
   late) and no-grad calibration forwards cannot fill a gradient history, so a history would
   start from scale 1 exactly when gradients are at risk; both per-tensor scales exact; LoRA FP32 master + BF16 GEMMs; LoRA
   grads FP32 with the selective LoRA gradient scaler; lm_head excluded (BF16).
-- ``fp8_naive+<id>`` / ``fp8_naive-<id>`` / ``fp8_protected-<id>``: the mechanism ladder
+- ``mxfp8`` (v1): Blackwell's MXFP8 (TE MXFP8BlockScaling) on the base GEMMs -- weights,
+  activations and dgrad all E4M3 with one E8M0 scale per 1x32 block (OCP MX rule), base weights
+  stored as MXFP8; adapters and protections as in ``fp8_protected`` (FP32 masters, BF16 LoRA
+  GEMMs, LoRA grad scaler, lm_head BF16); no calibration (block scales come from each tensor).
+- ``nvfp4`` (v1): Blackwell's NVFP4 (TE NVFP4BlockScaling) on the base GEMMs -- E2M1 values,
+  E4M3 scales per 1x16 block (16x16 for weights) and an FP32 scale per tensor, the dgrad
+  gradient rounded stochastically; no Hadamard transform, because TE applies it only to the
+  weight-gradient GEMM, which a frozen base never runs; adapters and protections as ``mxfp8``.
+- ``fp8_naive+<id>`` / ``fp8_naive-<id>`` / ``fp8_protected-<id>`` / ``mxfp8<+|-><id>`` /
+  ``nvfp4<+|-><id>``: the mechanism ladder
   (``ladder.RUNGS``); ``ladder``, ``ladder_base`` and ``mechanism`` say which rung.
 """
 
@@ -42,7 +51,7 @@ from typing import Any
 import torch
 
 from workloads.precision.grad_scaler import GradScalerConfig
-from workloads.precision.ladder import MECHANISMS, RUNGS
+from workloads.precision.ladder import MECHANISM_CASTS, MECHANISMS, RUNGS
 from workloads.precision.scaling import KINDS, CastSpec, ScalingRecipe, get_kind
 from workloads.registry import Registry, UnknownNameError, did_you_mean
 
@@ -198,7 +207,10 @@ def _spec_tag(spec: CastSpec) -> str:
     if not spec.enabled:
         return "bf16"
     kind = spec.recipe.scaling
-    return "8" + kind.short + _exact_tag(kind.plain, spec.recipe.power_2_scale)
+    bits = "4" if spec.fmt == "e2m1" else "8"
+    if kind.native_scale_fmt != "fp32":  # a block format: its block size and switches count
+        return bits + spec.recipe.tag  # e.g. 8mx32, 4nvfp416sr
+    return bits + kind.short + _exact_tag(kind.plain, spec.recipe.power_2_scale)
 
 
 def _exact_tag(plain: bool, power_2: bool) -> str:
@@ -338,6 +350,47 @@ FP8_UNSCALED_FP8_ADAPTERS = register_policy(
         lora_grad="fp8_e5m2",
         lora_grad_scaler=False,
         lm_head_fp8=True,
+    )
+)
+
+
+_BLACKWELL_ADAPTERS = dict(  # fp8_protected's adapters and protections, no calibration
+    lora_storage="fp32_master",
+    lora_gemm="bf16",
+    lora_grad="fp32",
+    lora_grad_scaler=True,
+    lm_head_fp8=False,
+    calibration_steps=0,
+)
+
+MXFP8 = register_policy(
+    PrecisionPolicy(
+        name="mxfp8",
+        description=(
+            "MXFP8 base GEMMs (TE MXFP8BlockScaling): weights, activations and dgrad E4M3 with "
+            "one E8M0 scale per 1x32 block, base weights stored MXFP8; LoRA FP32 master + BF16 "
+            "GEMMs, selective LoRA grad scaler, lm_head BF16."
+        ),
+        base_weight=CastSpec.parse(MECHANISM_CASTS["mxfp8"]),
+        base_activation=CastSpec.parse(MECHANISM_CASTS["mxfp8"]),
+        base_dgrad=CastSpec.parse(MECHANISM_CASTS["mxfp8"]),
+        **_BLACKWELL_ADAPTERS,
+    )
+)
+
+NVFP4 = register_policy(
+    PrecisionPolicy(
+        name="nvfp4",
+        description=(
+            "NVFP4 base GEMMs (TE NVFP4BlockScaling): E2M1 values, E4M3 scales per 1x16 block "
+            "(16x16 for weights) and an FP32 per-tensor scale, dgrad rounded stochastically, no "
+            "Hadamard transform (TE's is for wgrad only); LoRA FP32 master + BF16 GEMMs, "
+            "selective LoRA grad scaler, lm_head BF16."
+        ),
+        base_weight=CastSpec.parse(MECHANISM_CASTS["nvfp4"]),
+        base_activation=CastSpec.parse(MECHANISM_CASTS["nvfp4"]),
+        base_dgrad=CastSpec.parse(MECHANISM_CASTS["nvfp4_sr"]),
+        **_BLACKWELL_ADAPTERS,
     )
 )
 

@@ -63,6 +63,8 @@ _ALIGN = 16  # FP8 tensor-core GEMMs (cuBLASLt, and torch._scaled_mm on CUDA) ne
 
 def transpose(q: Fp8Tensor) -> Fp8Tensor:
     """The same FP8 tensor, transposed (2-D): codes, per-tile scales and tile shape alike."""
+    if q.rotation is not None:  # rotated along its own last dim: the transpose has no such form
+        raise ValueError("scaled_mm.transpose: a Hadamard-rotated FP8 tensor cannot be transposed")
     s = q.scale_inv
     tiled = s is not None and s.dim() > 0
     return Fp8Tensor(
@@ -117,6 +119,8 @@ def unsupported(a: Fp8Tensor, b: Fp8Tensor) -> str | None:
         raise ValueError(f"scaled_matmul: contraction dims differ ({k} vs {k_b})")
     if k % _ALIGN or n % _ALIGN:
         return f"K={k}, N={n}: both must be multiples of {_ALIGN}"
+    if a.rotation is not None or b.rotation is not None:
+        return "a Hadamard-rotated operand (its partner is not rotated: decoded instead)"
     chunk = _chunk(a, b)
     if chunk % _ALIGN:
         return f"scales change every {chunk} columns of K: not a multiple of {_ALIGN}"

@@ -11,6 +11,12 @@ A scale maps a tensor into the FP8 range before the cast (``q = cast(x * scale)`
   it needs calibration steps before training.
 - ``block``: one scale per tile -- 1x128 tiles along the last dim for activations and
   gradients, 128x128 blocks for weights (DeepSeek-V3 / TE Float8BlockScaling layout), FP32 scales.
+- ``mx``: OCP Microscaling -- one E8M0 (power-of-two) scale per 1x32 block along the last
+  (reduction) dim of every tensor, weights included; with ``e4m3`` elements this is MXFP8
+  (TE MXFP8BlockScaling), with ``e2m1`` MXFP4.
+- ``nvfp4``: E2M1 values, one E4M3 scale per 1x16 block plus one FP32 scale per tensor (TE
+  NVFP4BlockScaling); ``stochastic_rounding`` and ``hadamard`` (the random Hadamard transform)
+  are switches of the recipe. The maths of both is ``microscaling.py``.
   Dims that are not multiples of the block are zero-padded for the amax only; zeros never raise
   an amax, and the padding is cropped again, so results equal a ragged last tile.
 
@@ -43,6 +49,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 import torch
 
 from workloads.registry import Registry, unknown_name_message
+from workloads.precision import microscaling as mxs
 from workloads.precision.formats import (
     FORMATS,
     FUSED,
@@ -74,6 +81,7 @@ __all__ = [
 ]
 
 AMAX_ALGOS = ("max", "most_recent")
+BLOCK_SCALE_FMTS = ("native", "fp32")  # a block kind's hardware scale format | exact FP32
 Role = Literal["activation", "grad", "weight"]
 
 
@@ -91,6 +99,9 @@ class ScalingKind:
     fused: ClassVar[bool] = True  # the fused per-tensor quantize-dequantize kernel may run it
     frozen_weight_ok: ClassVar[bool] = True  # a frozen weight, cast once, may use it
     shared_cast: ClassVar[bool] = False  # per tensor and a pure function of x: sites fed the same x share one cast
+    native_scale_fmt: ClassVar[str] = "fp32"  # what a scale is stored in on hardware
+    default_block: ClassVar[int] = 128  # block_size when a config names the kind only
+    element_fmts: ClassVar[tuple[str, ...]] = ("e4m3", "e5m2")  # the formats it may cast to
 
     def tag(self, recipe: ScalingRecipe) -> str:
         """Short name for plans and run names, e.g. 'delayed16', 'block128', 'current'."""
@@ -103,6 +114,21 @@ class ScalingKind:
     def amax(self, scaler: TensorScaler, x: torch.Tensor) -> torch.Tensor | None:
         """The amax the scale of ``x`` comes from (None: no scale)."""
         raise NotImplementedError
+
+    def scales(self, scaler: TensorScaler, x: torch.Tensor) -> tuple[Any, Any, Any]:
+        """``(scale, scale_inv, amax)``: what ``x`` is multiplied by before the cast, what the
+        codes are multiplied by to decode, and the amax the scale came from (all None for a
+        plain cast). Per-tensor kinds: ``fmax / amax`` and its reciprocal."""
+        amax = self.amax(scaler, x)
+        if amax is None:
+            return None, None, None
+        r = scaler.recipe
+        scale = amax_to_scale(amax, scaler.fmt.max, r.margin, r.power_2_scale)
+        return scale, scale.reciprocal(), amax
+
+    def check(self, recipe: ScalingRecipe) -> list[str]:
+        """Problems with ``recipe``'s kind-specific fields, as sentences (none by default)."""
+        return []
 
     def __repr__(self) -> str:
         return f"<scaling kind {self.name}>"
@@ -153,6 +179,59 @@ class BlockKind(ScalingKind):
         return block_amax(x, scaler.tile)
 
 
+class _MicroscalingKind(ScalingKind):
+    """A Blackwell block format: 1 x block tiles along the last dim (the reduction dim of the
+    forward GEMM and of dgrad's gradient), a per-block scale in the kind's scale format,
+    saturating casts (the scale format is coarser than ``fmax / amax``)."""
+
+    saturates, tiled, fused, frozen_weight_ok = True, True, False, True
+
+    def tag(self, recipe: ScalingRecipe) -> str:
+        extras = {"fp32": "f"}.get(recipe.block_scale_fmt, "")
+        extras += ("sr" if recipe.stochastic_rounding else "") + ("h" if recipe.hadamard else "")
+        return f"{self.name}{recipe.block_size}{extras}"
+
+    def tile(self, role: Role, block_size: int) -> tuple[int, int] | None:
+        return (1, block_size)
+
+    def amax(self, scaler: TensorScaler, x: torch.Tensor) -> torch.Tensor | None:
+        return block_amax(x, scaler.tile)
+
+    def scales(self, scaler: TensorScaler, x: torch.Tensor) -> tuple[Any, Any, Any]:
+        amax = self.amax(scaler, x)
+        if scaler.recipe.block_scale_fmt == "fp32":
+            return (*mxs.exact_block_scales(amax, scaler.fmt), amax)
+        return (*self.native_scales(amax, x, scaler.fmt), amax)
+
+    def native_scales(self, amax: torch.Tensor, x: torch.Tensor, fmt: Fp8Format) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+
+class MxKind(_MicroscalingKind):
+    """``mx``: one E8M0 scale per 1x32 block, the OCP MX shared-exponent rule."""
+
+    name, short, native_scale_fmt, default_block = "mx", "mx", "e8m0", 32
+    element_fmts = ("e4m3", "e5m2", "e2m1")
+
+    def native_scales(self, amax: torch.Tensor, x: torch.Tensor, fmt: Fp8Format) -> tuple[Any, Any]:
+        return mxs.mx_scales(amax, fmt)
+
+
+class Nvfp4Kind(_MicroscalingKind):
+    """``nvfp4``: E2M1 values, an E4M3 scale per 1x16 block (16x16 for weights, TE's default
+    2-D weight quantization: the forward and dgrad GEMMs see the same quantized weight) and an
+    FP32 scale per tensor."""
+
+    name, short, native_scale_fmt, default_block = "nvfp4", "nv", "e4m3", 16
+    element_fmts = ("e2m1",)
+
+    def tile(self, role: Role, block_size: int) -> tuple[int, int] | None:
+        return tile_shape_for(role, block_size)
+
+    def native_scales(self, amax: torch.Tensor, x: torch.Tensor, fmt: Fp8Format) -> tuple[Any, Any]:
+        return mxs.nvfp4_scales(amax, amax.amax(), fmt)  # the tensor's amax is its blocks' max
+
+
 KINDS: Registry[ScalingKind] = Registry("scaling kind")
 
 
@@ -161,13 +240,14 @@ def register_kind(kind: ScalingKind) -> ScalingKind:
     return KINDS.register(kind.name, kind)
 
 
-for _kind in (PlainKind(), CurrentKind(), DelayedKind(), BlockKind()):
+for _kind in (PlainKind(), CurrentKind(), DelayedKind(), BlockKind(), MxKind(), Nvfp4Kind()):
     register_kind(_kind)
 SCALING_KINDS = tuple(KINDS)  # the built-in kinds
 
 
 def get_kind(name: str) -> ScalingKind:
-    """The kind object for a config name ('none' | 'current' | 'delayed' | 'block')."""
+    """The kind object for a config name ('none' | 'current' | 'delayed' | 'block' | 'mx' |
+    'nvfp4')."""
     return KINDS.get(name)
 
 
@@ -181,6 +261,9 @@ class ScalingRecipe:
     margin: int = 0
     block_size: int = 128
     power_2_scale: bool = True
+    block_scale_fmt: str = "native"  # block kinds (mx, nvfp4): "fp32" = exact per-block scales
+    stochastic_rounding: bool = False  # round to a narrow format (E2M1) stochastically
+    hadamard: bool = False  # random Hadamard transform of each block before scaling
 
     def __post_init__(self) -> None:
         errors = []
@@ -192,8 +275,25 @@ class ScalingRecipe:
             errors.append(f"amax_history_len={self.amax_history_len} must be >= 1")
         if self.block_size < 1:
             errors.append(f"block_size={self.block_size} must be >= 1")
+        errors += self._block_format_errors()
         if errors:
             raise ValueError("invalid ScalingRecipe: " + "; ".join(errors))
+
+    def _block_format_errors(self) -> list[str]:
+        """The Blackwell switches make sense for the 1 x block kinds only (mx, nvfp4)."""
+        errors = []
+        kind = KINDS.get(self.kind) if self.kind in KINDS else None
+        block_kind = isinstance(kind, _MicroscalingKind)
+        fix = "use kind mx or nvfp4, or leave it at its default"
+        if self.block_scale_fmt not in BLOCK_SCALE_FMTS:
+            errors.append(f"block_scale_fmt={self.block_scale_fmt!r} not in {BLOCK_SCALE_FMTS}")
+        elif self.block_scale_fmt != "native" and not block_kind:
+            errors.append(f"block_scale_fmt={self.block_scale_fmt!r} needs a block format: {fix}")
+        if self.hadamard and not block_kind:
+            errors.append(f"hadamard=true needs a block format: {fix}")
+        if self.hadamard and self.block_size & (self.block_size - 1):
+            errors.append(f"hadamard=true needs a power-of-two block_size, not {self.block_size}")
+        return errors
 
     @property
     def scaling(self) -> ScalingKind:
@@ -217,6 +317,19 @@ class CastSpec:
     def __post_init__(self) -> None:
         if self.fmt is not None and self.fmt not in FORMATS:
             raise ValueError(f"invalid CastSpec: fmt={self.fmt!r} not in {(None, *FORMATS)}")
+        if self.fmt is None:
+            return
+        kind = self.recipe.scaling
+        if self.fmt not in kind.element_fmts:
+            raise ValueError(
+                f"invalid CastSpec: scaling {kind.name} casts to {'|'.join(kind.element_fmts)}, "
+                f"not {self.fmt}"
+            )
+        if self.recipe.stochastic_rounding and not get_format(self.fmt).narrow:
+            raise ValueError(
+                f"invalid CastSpec: stochastic_rounding=true needs a narrow format (e2m1), "
+                f"not {self.fmt} (torch's float8 casts round to nearest)"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -243,20 +356,29 @@ class CastSpec:
             return cls()
         if isinstance(value, str):
             fmt, _, kind = value.partition(":")
-            return cls(fmt, ScalingRecipe(kind or "none"))
+            return cls(fmt, ScalingRecipe(**_with_default_block({"kind": kind or "none"})))
         if isinstance(value, Mapping):  # also OmegaConf's DictConfig
             fields = dict(value)
             fmt = fields.pop("fmt", None)
             recipe = fields.pop("recipe", None)
             if isinstance(recipe, Mapping):
                 fields.update(recipe)
-            return cls(
-                fmt, recipe if isinstance(recipe, ScalingRecipe) else ScalingRecipe(**fields)
-            )
+            if not isinstance(recipe, ScalingRecipe):
+                recipe = ScalingRecipe(**_with_default_block(fields))
+            return cls(fmt, recipe)
         raise ValueError(f"cannot read a CastSpec from {value!r}")
 
     def to_dict(self) -> dict:
         return {"fmt": self.fmt, **dataclasses.asdict(self.recipe)}
+
+
+def _with_default_block(fields: dict[str, Any]) -> dict[str, Any]:
+    """A config that names a kind without a block size gets the kind's own (mx: 32, nvfp4: 16),
+    so ``e4m3:mx`` is MXFP8 and not 1x128 blocks with E8M0 scales."""
+    kind = KINDS.get(fields["kind"]) if fields.get("kind", "none") in KINDS else None
+    if kind is not None and "block_size" not in fields:
+        fields = {**fields, "block_size": kind.default_block}
+    return fields
 
 
 class Fp8Tensor(NamedTuple):
@@ -265,15 +387,21 @@ class Fp8Tensor(NamedTuple):
     ``scale_inv`` is ``None`` (plain cast), a 0-d FP32 tensor (per-tensor) or an FP32 tensor of
     shape ``[ceil(R/br), ceil(C/bc)]`` for a ``tile=(br, bc)`` over the 2-D view ``[R, C]``.
     ``may_have_nan=False`` lets the decoder skip restoring NaN codes (checked frozen weights).
+    ``rotation``: the codes hold the tensor times this block rotation (random Hadamard
+    transform); decoding multiplies it back out.
     """
 
     data: torch.Tensor
     scale_inv: torch.Tensor | None
     tile: tuple[int, int] | None = None
     may_have_nan: bool = True
+    rotation: torch.Tensor | None = None
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """Decode to ``dtype`` with the one codec (``formats.dequantize``)."""
+        if self.rotation is not None:
+            y = dequantize(self.data, self.scale_inv, torch.float32, self.tile)
+            return mxs.unrotate(y, self.rotation, dtype)
         return dequantize(
             self.data, self.scale_inv, dtype, self.tile, may_have_nan=self.may_have_nan
         )
@@ -370,16 +498,13 @@ class TensorScaler:
 
     def scale(self, x: torch.Tensor) -> torch.Tensor | None:
         """The scale to multiply ``x`` by before the cast; None for a plain cast."""
-        return self._scale_and_amax(x)[0]
+        return self.kind.scales(self, self._rotated(x))[0]
 
-    def _scale_and_amax(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(scale, amax the scale came from: of ``x`` itself for current/block, of the history
-        for delayed, None for a plain cast)."""
-        amax = self.kind.amax(self, x)
-        if amax is None:
-            return None, None
-        scale = amax_to_scale(amax, self.fmt.max, self.recipe.margin, self.recipe.power_2_scale)
-        return scale, amax
+    def _rotated(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` itself, or its random Hadamard transform when the recipe asks for one."""
+        if not self.recipe.hadamard:
+            return x
+        return mxs.rotate(x, mxs.rotation(self.recipe.block_size, x.device))
 
     def observe(self, x: torch.Tensor, amax: torch.Tensor | None = None) -> None:
         """Delayed scaling: push ``amax(x)`` into the circular history (no-op for other recipes).
@@ -405,13 +530,13 @@ class TensorScaler:
         when something is not finite, the general path runs. The FP8 codes are the same.
         """
         kind = self.kind
-        scale, amax = self._scale_and_amax(x)
-        scaled = scale_operand(x, scale, self.tile, self.recipe.power_2_scale)
-        self.scale_inv = None if scale is None else scale.reciprocal()
+        rotated = self._rotated(x)
+        scale, self.scale_inv, amax = kind.scales(self, rotated)
+        scaled = scale_operand(rotated, scale, self.tile, self._power_2_operand)
         x_amax = amax if kind.own_amax else None  # amax of x itself, when at hand
         finite, peak = False, None
         if x.device.type == "cpu" and x.numel() >= _FINITE_CHECK_NUMEL:
-            if not kind.saturates:  # the scale came from x's amax: |x * scale| <~ fmax
+            if not kind.saturates or kind.tiled:  # amax per tile of x itself: all finite?
                 finite = bool(torch.isfinite(amax).all())
             else:
                 x_amax = tensor_amax(x)  # delayed needs it for the history anyway
@@ -421,12 +546,22 @@ class TensorScaler:
         if count_saturated:
             # On CPU, a finite peak |x| * scale within fmax means nothing saturates (the multiply
             # is monotonic): skip the counting pass; the count is 0 either way.
-            fits = finite and kind.saturates and bool(peak <= self.fmt.max)
+            fits = peak is not None and finite and kind.saturates and bool(peak <= self.fmt.max)
             saturated = _zero_count(scaled.device) if fits else self._count_saturated(scaled)
         self.last_amax = x_amax
-        data = encode_scaled(scaled, self.fmt, owned=scaled is not x, finite=finite)
+        data = encode_scaled(scaled, self.fmt, owned=scaled is not x, finite=finite,
+                             stochastic=self.recipe.stochastic_rounding)
         self.observe(x, x_amax)
-        return Fp8Tensor(data, self.scale_inv, self.tile, may_have_nan=not finite), saturated
+        rotation = mxs.rotation(self.recipe.block_size, x.device) if self.recipe.hadamard else None
+        fp8 = Fp8Tensor(data, self.scale_inv, self.tile, may_have_nan=not finite, rotation=rotation)
+        return fp8, saturated
+
+    @property
+    def _power_2_operand(self) -> bool:
+        """Whether the scales are powers of two, so ``x * scale`` is exact in x's own dtype."""
+        if self.kind.native_scale_fmt == "fp32" or self.recipe.block_scale_fmt == "fp32":
+            return self.recipe.power_2_scale
+        return self.kind.native_scale_fmt == "e8m0"
 
     @torch.no_grad()
     def quantize_dequantize(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -434,9 +569,8 @@ class TensorScaler:
         (the cast sites of a step that telemetry does not record). Per-tensor recipes on large
         CPU tensors run as one fused kernel (``formats.FUSED``); the FP8 codes, scales and amax
         history are the same as on the two-step path."""
-        if self.kind.fused and FUSED.usable(x):
-            scale, _ = self._scale_and_amax(x)
-            scale_inv = None if scale is None else scale.reciprocal()
+        if self.kind.fused and not self.fmt.narrow and FUSED.usable(x):
+            scale, scale_inv, _ = self.kind.scales(self, x)
             out = FUSED.qdq(
                 x, scale, scale_inv, self.fmt, dtype, self.uses_history
             )

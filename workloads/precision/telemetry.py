@@ -210,6 +210,7 @@ class Fp8Telemetry:
         self._pending: list[_Pending | _Block] = []
         self._static: dict[tuple[str, str], _Pending] = {}
         self._static_reported: set[tuple[str, str]] = set()
+        self.whatif: Any = None  # a whatif.WhatIf when precision.telemetry.whatif is on
 
     # -- recording -------------------------------------------------------------------------
     def begin_step(self, step: int, record: bool) -> None:
@@ -292,6 +293,8 @@ class Fp8Telemetry:
         if not self.recording:
             return None
         self.recording = False
+        if self.whatif is not None:
+            self.whatif.end_step(self.step)
         extras = dict(extras or {})
         items = list(self._static.values()) + self._pending
         entries = [e for item in items for e in _entries(item)]

@@ -133,11 +133,11 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
-def write_parquet(rows: list[dict[str, Any]], columns: list[str]) -> Path:
-    """Telemetry rows -> a Parquet file in a temp folder (caller logs it as an artifact)."""
+def write_parquet(rows: list[dict[str, Any]], columns: list[str], name: str = "telemetry.parquet") -> Path:
+    """Telemetry rows -> a Parquet file ``name`` in a temp folder (caller logs it as an artifact)."""
     import pandas as pd
 
-    path = Path(tempfile.mkdtemp(prefix="fp8lab-telemetry-")) / "telemetry.parquet"
+    path = Path(tempfile.mkdtemp(prefix="fp8lab-telemetry-")) / name
     pd.DataFrame(rows, columns=columns).to_parquet(path, index=False)
     return path
 

@@ -24,7 +24,7 @@ from fp8lab_conf.contracts import (
     RESULT_JSON, STATUS_STOPPED_EARLY, TAG_ABLATION, TAG_ADAPTER_ERROR, TAG_BACKEND, TAG_BACKEND_REASON,
     TAG_CUDA_VISIBLE_DEVICES, TAG_DEVIATIONS, TAG_DEVICE, TAG_DIVERGED_STEP, TAG_EMULATED, TAG_EVAL_AGGREGATE,
     TAG_EVAL_PRIMARY, TAG_HOST, TAG_POLICY_VERSION, TAG_RAY_NODE_ID, TAG_RAY_RESOURCES, TAG_REASON, TAG_STATUS,
-    TAG_STOPPED_EARLY, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, METRIC_QUEUE_S, METRIC_STEPS_DONE, METRIC_TRIAL_WALL_S,
+    TAG_STOPPED_EARLY, TAG_VERSIONS_PREFIX, TELEMETRY_COLUMNS, TELEMETRY_PATH, WHATIF_COLUMNS, WHATIF_PATH, METRIC_QUEUE_S, METRIC_STEPS_DONE, METRIC_TRIAL_WALL_S,
 )
 from workloads.eval.metrics import safe_name
 from workloads.record.attempts import Attempt, begin_attempt
@@ -122,14 +122,24 @@ class TrialRecorder:
         telemetry Parquet, and, when ``adapter`` = (artifact folder, save function) is given,
         the trained adapter."""
         self.logger.log_final(metrics, step=step)
-        if telemetry_rows:
-            parquet = write_parquet(telemetry_rows, TELEMETRY_COLUMNS)
-            try:
-                self.logger.log_file(parquet, "telemetry")
-            finally:
-                shutil.rmtree(parquet.parent, ignore_errors=True)
+        self._log_parquet(telemetry_rows, TELEMETRY_COLUMNS, TELEMETRY_PATH)
         if adapter is not None:
             self._log_adapter(*adapter)
+
+    def whatif(self, rows: list[dict[str, Any]]) -> None:
+        """The what-if telemetry (``precision.telemetry.whatif``) as ``telemetry/whatif.parquet``."""
+        self._log_parquet(rows, WHATIF_COLUMNS, WHATIF_PATH)
+
+    def _log_parquet(self, rows: list[dict[str, Any]], columns: Any, artifact: str) -> None:
+        """``rows`` as the Parquet artifact ``artifact`` (nothing when there are none)."""
+        if not rows:
+            return
+        folder, name = artifact.rsplit("/", 1)
+        parquet = write_parquet(rows, columns, name)
+        try:
+            self.logger.log_file(parquet, folder)
+        finally:
+            shutil.rmtree(parquet.parent, ignore_errors=True)
 
     def _log_adapter(self, artifact: str, save: Callable[[Path], Path]) -> None:
         """The trained LoRA adapter as an artifact folder (PEFT layout), for `fp8lab export`. A

@@ -15,7 +15,10 @@ Policy -> TE recipe (``map_policy_te``): any ``block`` cast -> ``Float8BlockScal
 1x128 activation/grad tiles, 128x128 weight blocks: fp8lab's ``block`` recipe); else any
 ``delayed`` cast -> ``DelayedScaling`` (HYBRID when dgrad is E5M2, the policy's amax history
 length / algo / margin; calibration forwards run under ``autocast(calibrating=True)``); else
-``Float8CurrentScaling``. Differences (a TE recipe applies one scaling kind to every tensor) are
+``Float8CurrentScaling``. Blackwell's block formats map onto their own recipes
+(``_map_block_formats``): ``mx`` casts -> ``MXFP8BlockScaling`` (E4M3, or HYBRID with an E5M2
+dgrad), ``nvfp4`` casts -> ``NVFP4BlockScaling`` with ``disable_stochastic_rounding`` /
+``disable_rht`` from the dgrad cast's switches and TE's 2-D weight quantization. Differences (a TE recipe applies one scaling kind to every tensor) are
 listed in ``handle.deviations`` and the plan. Plain (unscaled) casts (``fp8_naive-scaling``) have no
 TE recipe and raise; so do partial base FP8 and non-E4M3 weights/activations.
 
@@ -97,6 +100,9 @@ def map_policy_te(policy: PrecisionPolicy | str) -> TeMapping:
             f"policy {policy.name!r} casts only some base GEMM operands to FP8 ({', '.join(on)});"
             f" a TE recipe casts all of them{fix}"
         )
+    blackwell = _map_block_formats(policy, specs, fix)
+    if blackwell is not None:
+        return blackwell
     plain = [f for f, s in specs.items() if s.recipe.scaling.plain]
     if plain:
         raise TePolicyError(
@@ -139,6 +145,60 @@ def map_policy_te(policy: PrecisionPolicy | str) -> TeMapping:
     if policy.calibration_steps and recipe != "DelayedScaling":
         deviations.append(f"calibration: {policy.calibration_steps} steps skipped (no history)")
     return TeMapping(recipe, fmt, kwargs, tuple(deviations))
+
+
+def _map_block_formats(policy: PrecisionPolicy, specs: dict[str, Any], fix: str) -> TeMapping | None:
+    """``MXFP8BlockScaling`` / ``NVFP4BlockScaling`` for a policy in a Blackwell block format
+    (None when no cast uses one); TePolicyError for what those recipes cannot express."""
+    kinds = {f: s.recipe.scaling.name for f, s in specs.items() if s.recipe.scaling.native_scale_fmt != "fp32"}
+    if not kinds:
+        return None
+    tags = ", ".join(f"{f}={s.tag}" for f, s in specs.items())
+    if len(kinds) != len(specs) or len(set(kinds.values())) != 1:
+        raise TePolicyError(f"policy {policy.name!r}: TE's MX/NVFP4 recipes cast every base operand in one block format, not {tags}{fix}")
+    recipes = {f: s.recipe for f, s in specs.items()}
+    if any(r.block_scale_fmt == "fp32" for r in recipes.values()):
+        raise TePolicyError(f"policy {policy.name!r}: FP32 block scales ({tags}) have no TE recipe (E8M0 / E4M3 only){fix}")
+    kind = kinds["base_weight"]
+    native = 32 if kind == "mx" else 16
+    if any(r.block_size != native for r in recipes.values()):
+        raise TePolicyError(f"policy {policy.name!r}: TE's {kind} blocks are {native} values, not {tags}{fix}")
+    if kind == "mx":
+        return _map_mxfp8(policy, specs, fix)
+    return _map_nvfp4(specs)
+
+
+def _map_mxfp8(policy: PrecisionPolicy, specs: dict[str, Any], fix: str) -> TeMapping:
+    if specs["base_weight"].fmt != "e4m3" or specs["base_activation"].fmt != "e4m3":
+        raise TePolicyError(f"policy {policy.name!r}: MXFP8BlockScaling casts weights and inputs to E4M3{fix}")
+    fmt = "HYBRID" if specs["base_dgrad"].fmt == "e5m2" else "E4M3"
+    deviations = (
+        "every cast: TE rounds amax / fmax *up* to the E8M0 power of two (no saturation), the "
+        "policy uses the OCP rule floor(log2 amax) - emax (a block's top values may saturate)",
+        "base_weight: dgrad reads TE's column-wise copy (1x32 blocks along the output dim); the "
+        "policy reuses the row-wise blocks",
+    )
+    return TeMapping("MXFP8BlockScaling", fmt, {}, deviations)
+
+
+def _map_nvfp4(specs: dict[str, Any]) -> TeMapping:
+    recipes = {f: s.recipe for f, s in specs.items()}
+    dgrad = recipes["base_dgrad"]
+    deviations = []
+    for f in ("base_weight", "base_activation"):
+        if recipes[f].stochastic_rounding:
+            deviations.append(f"{f}: stochastic rounding -> nearest (TE rounds only gradients stochastically)")
+    if any(r.hadamard for r in recipes.values()):
+        deviations.append(
+            "hadamard: TE applies its random Hadamard transform to weight-gradient GEMM operands "
+            "only; a frozen base runs none, so TE quantizes these casts without it"
+        )
+    kwargs = {
+        "disable_stochastic_rounding": not dgrad.stochastic_rounding,
+        "disable_rht": not any(r.hadamard for r in recipes.values()),
+        "disable_2d_quantization": False,
+    }
+    return TeMapping("NVFP4BlockScaling", "E4M3", kwargs, tuple(deviations))
 
 
 @dataclass

@@ -147,6 +147,7 @@ def map_policy(policy: PrecisionPolicy | str, recipe: str | None = None) -> Torc
             f"policy {policy.name!r} casts only some base GEMM operands to FP8 ({', '.join(off)}"
             f" stay BF16); torchao casts both operands of a GEMM or neither{fix}"
         )
+    _refuse_block_formats(policy, specs)
     for f in ("base_weight", "base_activation"):
         if getattr(policy, f).fmt != "e4m3":
             raise TorchaoPolicyError(
@@ -206,6 +207,21 @@ def map_policy(policy: PrecisionPolicy | str, recipe: str | None = None) -> Torc
         deviations=deviations,
         formats=formats,
     )
+
+
+def _refuse_block_formats(policy: PrecisionPolicy, specs: dict[str, CastSpec]) -> None:
+    """torchao's float8 training has no MX or NVFP4 blocks, and mapping them onto per-row FP8
+    would run a different format under the policy's name. torchao's MX training
+    (``torchao.prototype.mx_formats.MXLinearConfig``, a prototype) needs SM100 for real MX GEMMs
+    and computes a weight gradient for every linear; fp8lab's frozen-base conversion does not
+    wrap it yet, so these policies are refused with the backends that do run them."""
+    tags = [f"{op}={s.tag}" for op, s in specs.items() if s.recipe.scaling.native_scale_fmt != "fp32"]
+    if tags:
+        raise TorchaoPolicyError(
+            f"policy {policy.name!r}: {', '.join(tags)} is a Blackwell block format that torchao's"
+            " float8 training has no recipe for (its MX training is not wired into fp8lab);"
+            " fix: precision.backend=emulated or transformer_engine"
+        )
 
 
 def _scaling_deviation(op: str, spec: CastSpec, recipe: str) -> str:

@@ -31,11 +31,18 @@ def test_ablation_experiment_lists_protected_and_each_of_its_rungs() -> None:
 
 
 def test_mechanisms_experiment_runs_both_ladders_between_the_three_policies() -> None:
-    assert _experiment_policies("mechanisms") == ["bf16", "fp8_naive", "fp8_protected", *(r.name for r in RUNGS)]
+    fp8 = [r.name for r in RUNGS if r.base in ("fp8_naive", "fp8_protected")]
+    assert _experiment_policies("mechanisms") == ["bf16", "fp8_naive", "fp8_protected", *fp8]
     sweep = compose_config(["experiment=mechanisms"]).sweep
     assert list(sweep.axes.seed) == [0, 1] and sweep.name == "fp8lab-mechanisms"
     # Same hyperparameters as the default sweep: the experiment sets nothing but the sweep.
     assert compose_config(["experiment=mechanisms"]).train == compose_config([]).train
+
+
+def test_blackwell_experiment_runs_both_block_formats_and_each_of_their_rungs() -> None:
+    rungs = [r.name for r in RUNGS if r.base in ("mxfp8", "nvfp4")]
+    assert _experiment_policies("blackwell") == ["bf16", "mxfp8", "nvfp4", *rungs]
+    assert list(compose_config(["experiment=blackwell"]).sweep.axes.seed) == [0, 1, 2]
 
 
 def test_the_mechanisms_doc_names_every_mechanism_and_rung() -> None:

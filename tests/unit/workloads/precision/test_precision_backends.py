@@ -24,6 +24,7 @@ from workloads.precision.policy import available_policies, get_policy
 from workloads.precision.telemetry import Fp8Telemetry
 
 torchao_float8 = pytest.importorskip("torchao.float8")
+from workloads.precision.backends import te_backend  # noqa: E402
 from workloads.precision.backends import torchao_backend as tb  # noqa: E402
 
 TORCHAO_CPU = BackendChoice("torchao", emulated=True, reason="test", requested="torchao")
@@ -116,14 +117,45 @@ def test_mapping_of_the_named_policies():
     )
 
 
+BLACKWELL = {"mxfp8", "nvfp4"}
+
+
 @pytest.mark.parametrize("name", available_policies())
 def test_every_registered_policy_maps_and_builds_a_config(name):
+    """Every FP8 policy maps onto torchao; the Blackwell block formats are refused with the fix
+    (torchao's float8 training has no MX/NVFP4 recipe), never run as per-row FP8."""
+    policy = get_policy(name)
+    if name in BLACKWELL or policy.ladder_base in BLACKWELL:
+        (error,) = backend_policy_errors("torchao", name)
+        assert "Blackwell block format" in error and "precision.backend=emulated" in error
+        return
     mapping = tb.map_policy(name)
     assert backend_policy_errors("torchao", name) == []
     if mapping.recipe:
         config = mapping.float8_config(emulate=True)
         assert config.emulate is True
         assert config.cast_config_input.target_dtype == torch.float8_e4m3fn
+
+
+def test_blackwell_policies_map_to_tes_mxfp8_and_nvfp4_recipes():
+    """mxfp8 -> MXFP8BlockScaling (E4M3), nvfp4 -> NVFP4BlockScaling with TE's switches taken from
+    the policy; what TE does differently is a sentence; FP32 block scales have no TE recipe.
+    (Data only: building the recipe needs TE, unverified on GPU.)"""
+    mx = te_backend.map_policy_te("mxfp8")
+    assert (mx.recipe, mx.fp8_format, mx.kwargs) == ("MXFP8BlockScaling", "E4M3", {})
+    assert any("rounds amax / fmax *up*" in d for d in mx.deviations)
+    nv = te_backend.map_policy_te("nvfp4")
+    assert nv.recipe == "NVFP4BlockScaling" and nv.deviations == ()
+    assert nv.kwargs == {"disable_stochastic_rounding": False, "disable_rht": True, "disable_2d_quantization": False}
+    assert te_backend.map_policy_te("nvfp4-stochastic_rounding").kwargs["disable_stochastic_rounding"]
+    rht = te_backend.map_policy_te("nvfp4+hadamard")
+    assert not rht.kwargs["disable_rht"] and "weight-gradient GEMM operands only" in rht.deviations[0]
+    for name, says in (("mxfp8+mx_fp32_scales", "FP32 block scales"), ("mxfp8-mx_block32", "blocks are 32 values")):
+        with pytest.raises(te_backend.TePolicyError, match=says):
+            te_backend.map_policy_te(name)
+    mixed = get_policy("mxfp8").with_switches(base_dgrad="e5m2:current")
+    with pytest.raises(te_backend.TePolicyError, match="one block format"):
+        te_backend.map_policy_te(mixed)
 
 
 def test_policies_torchao_cannot_run_raise_with_the_fix():

@@ -38,14 +38,15 @@ def static_kind():
 
 
 def test_builtin_kinds_say_what_the_strings_used_to():
-    assert SCALING_KINDS == ("none", "current", "delayed", "block")
+    assert SCALING_KINDS == ("none", "current", "delayed", "block", "mx", "nvfp4")
     assert [k.short for k in KINDS.values()][:4] == ["pl", "cur", "dly", "blk"]
     assert get_kind("none").plain and get_kind("delayed").from_history
     assert not get_kind("current").saturates and get_kind("block").tiled
     assert not get_kind("delayed").frozen_weight_ok and not get_kind("block").fused
     assert ScalingRecipe("delayed", amax_history_len=4).tag == "delayed4"
-    with pytest.raises(ValueError, match="unknown scaling kind 'mx'.* available: none, current, delayed, block"):
-        get_kind("mx")
+    assert get_kind("mx").tiled and get_kind("nvfp4").saturates and not get_kind("mx").fused
+    with pytest.raises(ValueError, match="unknown scaling kind 'mxfp6'.* available: none, current, delayed, block, mx, nvfp4"):
+        get_kind("mxfp6")
 
 
 def test_a_new_kind_is_one_class(static_kind):

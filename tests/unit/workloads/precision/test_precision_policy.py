@@ -21,8 +21,8 @@ RUNG_NAMES = [r.name for r in RUNGS]
 
 def test_registry_lists_base_policies_first_then_the_ladder():
     names = available_policies()
-    assert names[:4] == ["bf16", "fp8_naive", "fp8_protected", "fp8_unscaled_fp8_adapters"]
-    assert names[4:] == RUNG_NAMES
+    assert names[:6] == ["bf16", "fp8_naive", "fp8_protected", "fp8_unscaled_fp8_adapters", "mxfp8", "nvfp4"]
+    assert names[6:] == RUNG_NAMES
     assert {
         "fp8_naive+bf16_lora_gemm",
         "fp8_naive-fp32_adapters_vs_e4m3",
