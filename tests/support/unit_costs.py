@@ -17,7 +17,9 @@ import pytest
 
 CACHE_KEY = "fp8lab/durations"
 KNOWN_COSTS = Path(__file__).with_name("known_costs.json")
-DEFAULT_S = {"tests/integration/": 20.0, "tests/gpu/": 5.0}
+# Defaults by node-id prefix, first match: an integration test starts a CLI, Ray and trials; a
+# benchmark smoke test runs a benchmark script, several of which launch `fp8lab` sweeps
+DEFAULT_S = {"tests/integration/": 20.0, "tests/unit/benchmarks/": 10.0, "tests/gpu/": 5.0}
 DEFAULT_OTHER_S = 0.5
 
 
