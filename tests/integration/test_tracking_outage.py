@@ -79,9 +79,11 @@ def test_metrics_survive_a_server_outage_during_training(tmp_path: Path) -> None
     server = _Server(tmp_path)
     server.start()
     out = tmp_path / "result.json"
-    # 50 steps (~0.3 s each here): the outage starts at step 5 and lasts OUTAGE_STEPS steps plus a
-    # server start; a trial that finishes first waits in its final flush (60 s budget) for the store
-    steps = 50
+    # 100 steps (~0.3 s each on a quiet machine): the outage starts at step 5 and lasts OUTAGE_STEPS
+    # steps plus a server start, which takes a minute or more on a loaded machine; the trial must
+    # still be training or in its final flush (60 s budget) when the server is back. (50 steps
+    # were tried: at load 18 on 2 cores the server came back too late and the trial FAILED.)
+    steps = 100
     # MLflow's own HTTP retries are cut short so that fp8lab's buffer-and-retry is what carries the
     # metrics over the gap (MLflow's defaults would block each write for up to ~2 minutes instead).
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
