@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +35,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(cores, memory // (WORKER_MEMORY_GIB * _GIB)))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Record each test's duration (in the xdist controller or a serial run, not in the workers):
+    the next run's scheduler starts the longest tests first (tests/support/unit_costs.py)."""
+    if not hasattr(config, "workerinput"):
+        from tests.support.unit_costs import DurationRecorder
+
+        config.pluginmanager.register(DurationRecorder(config), "fp8lab-durations")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`--dist loadgroup`: tests of a module with a module-scoped fixture share a worker (built
@@ -43,3 +53,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from tests.support.xdist_groups import ModuleGroupScheduling
 
     return ModuleGroupScheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+def run_shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every xdist worker of this run sees: for setup built once per run, not once per
+    worker (a session fixture runs in each worker that needs it). xdist gives each worker the base
+    folder `<run's base>/<worker id>`, so the run's own folder is its parent; a serial run uses its
+    base folder. Build into it under a lock (e.g. `filelock.FileLock`) and skip the build when it is
+    done: the workers race for it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    shared.mkdir(exist_ok=True)
+    return shared

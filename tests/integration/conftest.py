@@ -58,12 +58,16 @@ def trial_statuses(workdir: Path, experiment: str) -> list[str]:
     """Sorted MLflow statuses of the trial runs; [] until the store is ready. Meant for polling
     while a sweep runs: read-only plain SQLite, because an MLflow client opened on a store that
     the sweep is still creating would run the schema migration a second time, concurrently, and
-    leave a half-migrated store."""
+    leave a half-migrated store. A run the driver has created but whose trial has not started
+    (fp8lab.status SCHEDULED) reads SCHEDULED: MLflow creates every run RUNNING and the driver
+    sets SCHEDULED a moment later (orchestrator/runs.py), and "RUNNING" must mean the trial runs."""
     db = workdir / "mlflow.db"
     if not db.exists():
         return []
-    query = ("SELECT r.status FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id "
+    query = ("SELECT CASE WHEN s.value = 'SCHEDULED' THEN 'SCHEDULED' ELSE r.status END FROM runs r "
+             "JOIN experiments e ON e.experiment_id = r.experiment_id "
              "JOIN tags t ON t.run_uuid = r.run_uuid AND t.key = 'fp8lab.role' AND t.value = 'trial' "
+             "LEFT JOIN tags s ON s.run_uuid = r.run_uuid AND s.key = 'fp8lab.status' "
              "WHERE e.name = ?")
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as conn:
@@ -72,12 +76,15 @@ def trial_statuses(workdir: Path, experiment: str) -> list[str]:
         return []
 
 
+POLL_S = 0.25  # a poll is a SQLite read or a `pgrep`: cheap, and a test waits at most this long past the event
+
+
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
-        time.sleep(1)
+        time.sleep(POLL_S)
     raise AssertionError(f"{what}: not reached within {timeout:.0f}s")
 
 
@@ -85,12 +92,13 @@ def session_processes(session_id: int, grace_s: int = 20) -> list[str]:
     """Processes still alive in a session (driver, raylet, GCS, workers), after up to `grace_s`
     seconds for Ray's shutdown to finish."""
     left: list[str] = []
-    for _ in range(grace_s):
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
         out = subprocess.run(["pgrep", "-a", "-s", str(session_id)], capture_output=True, text=True).stdout
         left = out.split("\n") if out.strip() else []
         if not left:
             break
-        time.sleep(1)
+        time.sleep(POLL_S)
     return left
 
 

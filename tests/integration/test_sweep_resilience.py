@@ -44,8 +44,8 @@ def test_interrupted_driver_marks_runs_killed_and_rerun_completes_only_missing(w
     runs KILLED, nothing left running; the rerun runs only the missing trial and the report counts
     each trial once (the KILLED attempt is superseded)."""
     name = f"t-{signal.Signals(sig).name.lower()}"
-    # 60 steps: seed 1 trains for several seconds, so the poll below sees it RUNNING
-    args = ["sweep", *TINY, "train.steps=60", "sweep.report=false", "cluster.num_cpus=1", f"sweep.name={name}",
+    # 20 steps: seed 1 is RUNNING for seconds (model build, training, eval), many polls of wait_for
+    args = ["sweep", *TINY, "train.steps=20", "sweep.report=false", "cluster.num_cpus=1", f"sweep.name={name}",
             "sweep.axes.precision=[bf16]", "sweep.axes.seed=[0,1]"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     # preexec_fn: a shell starts background jobs with SIGINT ignored, and the child would inherit

@@ -1,8 +1,10 @@
 """The suite's xdist settings (README's test command, tests/conftest.py): with the flags of
 README's command and two workers, a module-scoped fixture is built once and every test that uses
-it runs on that worker; `-n auto` never starts more workers than there are cores."""
+it runs on that worker, the longest test starts first, and a folder is shared by the workers;
+`-n auto` never starts more workers than there are cores."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -21,7 +23,8 @@ def _command_flags() -> list[str]:
     return readme[0].split()
 
 
-CONFTEST = "from tests.conftest import pytest_xdist_auto_num_workers, pytest_xdist_make_scheduler  # noqa: F401\n"
+CONFTEST = ("from tests.conftest import (pytest_configure, pytest_xdist_auto_num_workers,  # noqa: F401\n"
+            "                            pytest_xdist_make_scheduler, run_shared_dir)\n")
 MODULE = '''
 import os
 import pytest
@@ -44,24 +47,30 @@ def test_free(i):
 '''
 
 
-def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[str], list[str]]:
+def _run(tmp_path: Path, *args: str, module: str = MODULE,
+         cache: bool = False) -> tuple[subprocess.CompletedProcess, list[str], list[str]]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "test_mod.py").write_text(MODULE)
+    (tmp_path / "test_mod.py").write_text(module)
     setups, users = tmp_path / "setups.txt", tmp_path / "users.txt"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "SETUPS_FILE": str(setups), "USERS_FILE": str(users)}
     env.pop("PYTEST_XDIST_AUTO_NUM_WORKERS", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+    no_cache = [] if cache else ["-p", "no:cacheprovider"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", *no_cache, "--rootdir", str(tmp_path),
                            *args, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     read = lambda p: p.read_text().split() if p.exists() else []  # noqa: E731
     return proc, read(setups), read(users)
 
 
-def test_module_fixture_is_built_once_and_its_tests_share_a_worker(tmp_path: Path) -> None:
+def _two_worker_flags() -> list[str]:
     flags = _command_flags()
     assert "-n" in flags and "--dist" in flags, flags
     flags[flags.index("-n") + 1] = "2"  # two workers even on a one-core machine
-    proc, setups, users = _run(tmp_path, *flags)
+    return flags
+
+
+def test_module_fixture_is_built_once_and_its_tests_share_a_worker(tmp_path: Path) -> None:
+    proc, setups, users = _run(tmp_path, *_two_worker_flags())
     assert proc.returncode == 0 and "12 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert len(setups) == 1 and setups[0].startswith("gw"), setups  # once, on a worker
     assert users == setups * 6  # every user of the fixture ran where it was built
@@ -87,3 +96,72 @@ def test_modules_with_a_shared_fixture_are_found_by_reading_them(tmp_path: Path)
                                         "@pytest.fixture(scope='session')\ndef s():\n    pass\n")
     (tmp_path / "conftest.py").write_text("import pytest\n\n@pytest.fixture(scope='module')\ndef m():\n    pass\n")
     assert shared_setup_modules(tmp_path) == {"sub/test_a.py", "test_b.py"}  # function/session scope and conftest: no
+
+
+# Tests that log (worker, name) as they start; test_z_slow is collected last, and its previous
+# duration (seeded in pytest's cache) makes it the longest; every test also writes its worker id
+# into the run's shared folder.
+ORDERED = '''
+import os
+
+def _started(name, run_shared_dir):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(os.environ["USERS_FILE"], "a") as f:
+        f.write(f"{worker}:{name}\\n")
+    (run_shared_dir / worker).write_text(name)
+
+def test_a(run_shared_dir):
+    _started("a", run_shared_dir)
+
+def test_b(run_shared_dir):
+    _started("b", run_shared_dir)
+
+def test_c(run_shared_dir):
+    _started("c", run_shared_dir)
+
+def test_d(run_shared_dir):
+    _started("d", run_shared_dir)
+
+def test_z_slow(run_shared_dir):
+    _started("z_slow", run_shared_dir)
+'''
+
+
+def test_longest_test_starts_first_and_durations_are_recorded(tmp_path: Path) -> None:
+    """The previous run's durations (pytest's cache) order the work: the test collected last but
+    known to be the longest is the first its worker runs; this run's durations are written back;
+    both workers see one shared folder."""
+    durations = tmp_path / ".pytest_cache" / "v" / "fp8lab" / "durations"
+    durations.parent.mkdir(parents=True)
+    durations.write_text(json.dumps({"test_mod.py::test_z_slow": 100.0}))
+    basetemp = tmp_path / "base"
+    proc, _, started = _run(tmp_path, *_two_worker_flags(), f"--basetemp={basetemp}", module=ORDERED, cache=True)
+    assert proc.returncode == 0 and "5 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    first_per_worker = {}
+    for line in started:
+        worker, name = line.split(":")
+        first_per_worker.setdefault(worker, name)
+    assert sorted(first_per_worker) == ["gw0", "gw1"], started
+    assert "z_slow" in first_per_worker.values(), started  # collected last, run first
+    recorded = json.loads(durations.read_text())
+    assert set(recorded) == {f"test_mod.py::test_{n}" for n in ("a", "b", "c", "d", "z_slow")}, recorded
+    assert recorded["test_mod.py::test_z_slow"] < 100.0  # replaced by this run's measurement
+    assert sorted(p.name for p in (basetemp / "shared").iterdir()) == ["gw0", "gw1"]  # one folder, both workers
+
+
+def test_units_are_ordered_by_cost_with_defaults_by_folder() -> None:
+    from tests.support.unit_costs import DEFAULT_OTHER_S, DEFAULT_S, cost_of
+    from tests.support.xdist_groups import longest_first
+
+    costs = {"tests/unit/x.py::test_known": 50.0}
+    assert cost_of("tests/unit/x.py::test_known", costs) == 50.0
+    assert cost_of("tests/integration/test_new.py::test_t", costs) == DEFAULT_S["tests/integration/"]
+    assert cost_of("tests/unit/y.py::test_t", costs) == DEFAULT_OTHER_S
+    units = [("tests/unit/a.py::test_1", {"tests/unit/a.py::test_1": False}),
+             ("tests/unit/b.py", {f"tests/unit/b.py::test_{i}": False for i in range(3)}),
+             ("tests/integration/test_c.py::test_1", {"tests/integration/test_c.py::test_1": False}),
+             ("tests/unit/x.py::test_known", {"tests/unit/x.py::test_known": False}),
+             ("tests/unit/d.py::test_1", {"tests/unit/d.py::test_1": False})]
+    order = [scope for scope, _ in longest_first(units, costs)]
+    assert order == ["tests/unit/x.py::test_known", "tests/integration/test_c.py::test_1", "tests/unit/b.py",
+                     "tests/unit/a.py::test_1", "tests/unit/d.py::test_1"]  # a module unit: the sum of its tests
