@@ -92,19 +92,20 @@ class CastSite:
         self.telemetry.record_stats(self.layer, self.kind, x.numel(), stats)
         return x_dq
 
-    def cast_with_stats(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cast of a recorded step: quantize, dequantize and the telemetry stats vector."""
+    def cast_with_stats(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, Any]:
+        """The cast of a recorded step: quantize, dequantize and the telemetry stats vector
+        (or, for a small tensor, its deferred entry: ``Fp8Telemetry.measure``)."""
         _, x_dq, stats = self._quantize_with_stats(x, dtype)
         return x_dq, stats
 
     def _quantize_with_stats(
         self, x: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[Fp8Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[Fp8Tensor, torch.Tensor, Any]:
         scaler = self.scaler
         q, saturated = scaler.quantize(x, count_saturated=True)
         x_dq = q.dequantize(dtype)
-        stats = cast_stats(x, x_dq, q.scale_inv, saturated, q.data, not q.may_have_nan,
-                           amax=scaler.last_amax)  # fmt: skip
+        stats = self.telemetry.measure(x, x_dq, q.scale_inv, saturated, q.data, not q.may_have_nan,
+                                       amax=scaler.last_amax)  # fmt: skip
         return q, x_dq, stats
 
     def operand(self, x: torch.Tensor, dtype: torch.dtype) -> Operand:
