@@ -81,7 +81,7 @@ def _run(config: dict[str, Any], ctx: TrialLaunch, recorder: TrialRecorder,
     faults = FaultInjector(config.get("fault"))
     checkpointer = recipe.setup_checkpointer(config["train"], ctx.trial_id, ctx.run_id)
     if checkpointer:
-        recorder.logger.flush_every = 10**9  # metrics at checkpoints only: a resume re-logs exactly the lost steps
+        recorder.logger.hold_until_flush()  # metrics at checkpoints only: a resume re-logs exactly the lost steps
     health_cfg = recipe.HealthSettings.from_config(config["health"], config["sweep"].get("early_stop", False))
     health = recipe.setup_health(health_cfg, trial, mlflow_reference(ctx.tracking_uri, ctx.run_id, health_cfg.reference_policy),
                                  recorder.logger)
