@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads.precision.formats import has_nan_code
+from workloads.precision.formats import FUSED, has_nan_code
 from workloads.precision.scaled_mm import Operand, ScaledMmGemm, gemm_nt, transpose_operand
 from workloads.precision.scaling import CastSpec, Fp8Tensor, Role, ScalingRecipe, TensorScaler
 from workloads.precision.telemetry import Fp8Telemetry, cast_stats
@@ -94,7 +94,16 @@ class CastSite:
 
     def cast_with_stats(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, Any]:
         """The cast of a recorded step: quantize, dequantize and the telemetry stats vector
-        (or, for a small tensor, its deferred entry: ``Fp8Telemetry.measure``)."""
+        (or, for a small tensor, its deferred entry: ``Fp8Telemetry.measure``).
+
+        A large CPU tensor under a recipe that cannot saturate (current scaling) takes the same
+        compiled quantize-dequantize as an unrecorded step (``TensorScaler.quantize_dequantize``:
+        the same codes, scales and decoded values) and then the compiled stats pass, instead of
+        the unfused quantize and decode; its saturation count is 0 either way."""
+        scaler = self.scaler
+        if scaler.kind.fused and not scaler.kind.saturates and FUSED.usable(x):
+            x_dq = scaler.quantize_dequantize(x, dtype)
+            return x_dq, self.telemetry.measure(x, x_dq, scaler.scale_inv, 0)
         _, x_dq, stats = self._quantize_with_stats(x, dtype)
         return x_dq, stats
 
