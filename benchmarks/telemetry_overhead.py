@@ -1,7 +1,7 @@
 """Telemetry overhead: trial step time with fp8lab's telemetry vs telemetry off (goal: <= 3%).
 
-    python benchmarks/telemetry_overhead.py            # ~4 min: bf16 (the default trial), fp8_protected, fp8_naive
-    python benchmarks/telemetry_overhead.py --hidden 1024 --rounds 4   # the wide model (~6 min)
+    python benchmarks/telemetry_overhead.py            # 4-8 min: bf16 (the default trial), fp8_protected, fp8_naive
+    python benchmarks/telemetry_overhead.py --hidden 1024 --rounds 8 --max-rounds 12   # the wide model (~9 min)
     python benchmarks/telemetry_overhead.py --smoke    # seconds, for CI
     python benchmarks/telemetry_overhead.py --json out.json --rounds 16
 
@@ -26,11 +26,21 @@ The variants run interleaved in chunks of ``--chunk`` steps (a chunk of 10 holds
 recorded step of ``default``), the order rotating each round; the figure is the median over
 rounds of each chunk's time per step, and the overhead the median of the per-round ratio to
 ``off``. Torch uses one thread.
+
+The verdict (``verdict``) is on the ``--clock`` (default ``cpu``: this process's CPU time, which
+moves least when other processes share the cores; on an idle machine it equals the wall clock):
+per policy, the per-round ratios of ``default`` to ``off`` give the median, the quartiles (IQR)
+and the distribution-free 95% CI of the median. ``pass`` when the IQR lies at or below the goal
+(1.03), ``fail`` when it lies above it, ``not decidable`` when it straddles the goal or is wider
+than +-3% (too noisy to say). Rounds are adaptive: after ``--rounds``, blocks of 4 more run while
+a policy is not decidable, up to ``--max-rounds``. The load average at the start and the end is
+printed with the verdicts and written to the JSON: a busy machine is a reason to rerun.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -39,8 +49,39 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
 
+from workloads.bench import median_ci  # noqa: E402  (the speed probe's CI of the median: one implementation)
+from workloads.train.step_clock import load_average  # noqa: E402
+
 NAME = "telemetry_overhead"
 GOAL_PCT = 3.0
+TOLERANCE_PCT = 3.0  # the IQR of the ratio must lie within median +- this to decide anything
+EXTRA_ROUNDS = 4  # rounds added at a time while a verdict is not decidable (a multiple of the 4 variants)
+MIN_ROUNDS = 8  # fewer per-round ratios decide nothing (their quartiles are two or three samples)
+
+
+def verdict(ratios: list[float], goal_pct: float = GOAL_PCT, tolerance_pct: float = TOLERANCE_PCT) -> dict[str, Any]:
+    """The goal's verdict on per-round ratios (with monitoring / without): ``pass``, ``fail`` or
+    ``not decidable``, with the median, quartiles and 95% CI of the median it rests on.
+
+    A pass needs the whole IQR at or below ``1 + goal`` (a median under the goal with a quartile
+    above it is a coin toss, not a pass), a fail the whole IQR above it, and either needs the IQR
+    within median +- ``tolerance`` (a wider one says the machine was too noisy to measure 3%)."""
+    stats = common.summarize(ratios)
+    low, high = median_ci(ratios)
+    goal = 1.0 + goal_pct / 100.0
+    half_width = max(stats["median"] - stats["p25"], stats["p75"] - stats["median"])
+    if len(ratios) < MIN_ROUNDS:
+        outcome, why = "not decidable", f"{len(ratios)} rounds, fewer than {MIN_ROUNDS}"
+    elif half_width * 100.0 > tolerance_pct:
+        outcome, why = "not decidable", f"IQR wider than +-{tolerance_pct:g}% (noisy machine: rerun when quiet)"
+    elif stats["p75"] <= goal:
+        outcome, why = "pass", f"IQR at or below {goal:.2f}"
+    elif stats["p25"] > goal:
+        outcome, why = "fail", f"IQR above {goal:.2f}"
+    else:
+        outcome, why = "not decidable", f"IQR straddles {goal:.2f}"
+    return {"verdict": outcome, "why": why, "median": stats["median"], "p25": stats["p25"], "p75": stats["p75"],
+            "ci95": [low, high], "rounds": stats["n"], "overhead_pct": (stats["median"] - 1.0) * 100.0}
 
 
 class ItemLoopMonitor:
@@ -115,23 +156,44 @@ def mlflow_logger_factory(store: Path, run_name: str) -> Any:
 
 
 def measure(policy: str, rounds: int, chunk: int, logger_kind: str, store: Path,
-            hidden: int | None = None, layers: int = 2) -> dict[str, Any]:
+            hidden: int | None = None, layers: int = 2, max_rounds: int | None = None,
+            clock: str = "cpu") -> dict[str, Any]:
+    """Interleaved rounds of the four variants of ``policy``; ``rounds`` at least, then blocks of
+    ``EXTRA_ROUNDS`` while the verdict on ``clock`` is not decidable, up to ``max_rounds``."""
     variants = build_variants(policy, logger_kind, store, hidden, layers)
     for trial in variants.values():  # warm-up: first-call allocations, lazy imports
         trial.run_chunk(chunk)
-    samples = common.interleave({n: (lambda t=t: t.run_chunk(chunk)) for n, t in variants.items()}, rounds)
-    out: dict[str, Any] = {"policy": policy, "hidden": hidden or 128, "chunk_steps": chunk, "rounds": rounds,
-                           "variants": common.compare(samples, "off")}
+    load_start = load_average()
+    run = {n: (lambda t=t: t.run_chunk(chunk)) for n, t in variants.items()}
+    samples = common.interleave(run, rounds)
+    while _ratios(samples, clock) and verdict(_ratios(samples, clock))["verdict"] == "not decidable" \
+            and len(_ratios(samples, clock)) < (max_rounds or rounds):
+        more = common.interleave(run, min(EXTRA_ROUNDS, (max_rounds or rounds) - len(_ratios(samples, clock))))
+        for name, clocks in more.items():
+            for key, values in clocks.items():
+                samples[name][key] += values
+    out: dict[str, Any] = {"policy": policy, "hidden": hidden or 128, "chunk_steps": chunk,
+                           "rounds": len(_ratios(samples, clock)), "variants": common.compare(samples, "off"),
+                           "verdict": {"clock": clock, **verdict(_ratios(samples, clock))},
+                           "loadavg_start": load_start, "loadavg_end": load_average()}
     for figures in out["variants"].values():
-        for clock in figures.values():
-            clock["overhead_pct"] = (clock["ratio"]["median"] - 1.0) * 100.0
+        for figure in figures.values():
+            figure["overhead_pct"] = (figure["ratio"]["median"] - 1.0) * 100.0
     return out
+
+
+def _ratios(samples: dict[str, Any], clock: str) -> list[float]:
+    """Per-round ratios of ``default`` to ``off`` on ``clock``."""
+    return common.ratio_samples(samples["default"][clock], samples["off"][clock])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a few steps, to check the script runs")
-    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=12, help="rounds at least")
+    parser.add_argument("--max-rounds", type=int, default=24,
+                        help="rounds at most: more run while a verdict is not decidable")
+    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="the clock the verdict is on")
     parser.add_argument("--chunk", type=int, default=10, help="steps per variant per round")
     parser.add_argument("--policies", default="bf16,fp8_protected,fp8_naive")
     parser.add_argument("--hidden", type=int, default=None,
@@ -141,12 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="where to write the figures (default benchmarks/results/)")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.rounds, args.chunk, args.policies = 2, 2, "bf16"
+        args.rounds, args.max_rounds, args.chunk, args.policies = 2, 2, 2, "bf16"
     common.pin_threads(1)
     results = []
     with tempfile.TemporaryDirectory(prefix="fp8lab-bench-") as tmp:
         for policy in args.policies.split(","):
-            results.append(measure(policy, args.rounds, args.chunk, args.logger, Path(tmp), args.hidden, args.layers))
+            results.append(measure(policy, args.rounds, args.chunk, args.logger, Path(tmp), args.hidden, args.layers,
+                                   max(args.max_rounds, args.rounds), args.clock))
     rows = []
     for res in results:
         for name, v in res["variants"].items():
@@ -158,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                        "1 thread; wall clock and process CPU time)",
                        ["policy", "variant", "wall ms/step", "overhead", "IQR of ratio", "cpu ms/step", "overhead",
                         "IQR of ratio"], rows)
-    summary = {"goal_overhead_pct": GOAL_PCT,
+    summary = {"goal_overhead_pct": GOAL_PCT, "clock": args.clock,
+               "verdicts": {r["policy"]: r["verdict"] for r in results},
                "default_overhead_pct": {r["policy"]: {k: r["variants"]["default"][k]["overhead_pct"]
                                                       for k in ("wall", "cpu")} for r in results},
                "every_step_overhead_pct": {r["policy"]: {k: r["variants"]["every_step"][k]["overhead_pct"]
@@ -170,8 +234,29 @@ def main(argv: list[str] | None = None) -> int:
                                                "command": " ".join(["python", "benchmarks/telemetry_overhead.py",
                                                                     *(sys.argv[1:] if argv is None else argv)])})
     line = ", ".join(f"{p}: wall {v['wall']:+.1f}% / cpu {v['cpu']:+.1f}%" for p, v in summary["default_overhead_pct"].items())
-    print(f"\ndefault telemetry overhead: {line} (goal <= {GOAL_PCT:.0f}%)\nJSON: {path}")
+    print(f"\ndefault telemetry overhead: {line} (goal <= {GOAL_PCT:.0f}%)")
+    for res in results:
+        print(verdict_line(res))
+    env = common.environment()
+    print(f"load average (1/5/15 min) at start {_load(env['loadavg_at_start'])}, at end {_load(env['loadavg_at_end'])} "
+          f"({os.cpu_count()} cores)\nJSON: {path}")
     return 0
+
+
+def verdict_line(res: dict[str, Any]) -> str:
+    """One line per policy: verdict, median overhead, IQR and CI of the ratio, rounds, load."""
+    v = res["verdict"]
+    return (f"{res['policy']} (hidden {res['hidden']}): {v['verdict'].upper()} ({v['why']}) - {v['clock']} overhead "
+            f"{v['overhead_pct']:+.1f}%, ratio IQR {v['p25']:.3f}..{v['p75']:.3f}, 95% CI of the median "
+            f"{v['ci95'][0]:.3f}..{v['ci95'][1]:.3f}, {v['rounds']} rounds, load {_load(res['loadavg_start'])} -> "
+            f"{_load(res['loadavg_end'])}")
+
+
+def _load(values: Any) -> str:
+    """A load average (1-minute) or the three of ``os.getloadavg()``, printed."""
+    if values is None or values != values:
+        return "n/a"
+    return "/".join(f"{x:.1f}" for x in values) if isinstance(values, (list, tuple)) else f"{values:.1f}"
 
 
 if __name__ == "__main__":

@@ -104,6 +104,7 @@ ID_NEUTRAL_DEFAULTS: dict[str, object] = {
     "train.epochs": None,
     "train.grad_accum": 1,
     "data.chat_template": None,
+    "precision.telemetry.whatif": False,  # off: the run records exactly what it recorded before
 }
 
 # --- metrics ----------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads.precision.formats import has_nan_code
+from workloads.precision.formats import FUSED, has_nan_code
 from workloads.precision.scaled_mm import Operand, ScaledMmGemm, gemm_nt, transpose_operand
 from workloads.precision.scaling import CastSpec, Fp8Tensor, Role, ScalingRecipe, TensorScaler
 from workloads.precision.telemetry import Fp8Telemetry, cast_stats
@@ -93,19 +93,29 @@ class CastSite:
         _what_if(self.telemetry, self.layer, self.kind, x)
         return x_dq
 
-    def cast_with_stats(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cast of a recorded step: quantize, dequantize and the telemetry stats vector."""
+    def cast_with_stats(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, Any]:
+        """The cast of a recorded step: quantize, dequantize and the telemetry stats vector
+        (or, for a small tensor, its deferred entry: ``Fp8Telemetry.measure``).
+
+        A large CPU tensor under a recipe that cannot saturate (current scaling) takes the same
+        compiled quantize-dequantize as an unrecorded step (``TensorScaler.quantize_dequantize``:
+        the same codes, scales and decoded values) and then the compiled stats pass, instead of
+        the unfused quantize and decode; its saturation count is 0 either way."""
+        scaler = self.scaler
+        if scaler.kind.fused and not scaler.kind.saturates and FUSED.usable(x):
+            x_dq = scaler.quantize_dequantize(x, dtype)
+            return x_dq, self.telemetry.measure(x, x_dq, scaler.scale_inv, 0)
         _, x_dq, stats = self._quantize_with_stats(x, dtype)
         return x_dq, stats
 
     def _quantize_with_stats(
         self, x: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[Fp8Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[Fp8Tensor, torch.Tensor, Any]:
         scaler = self.scaler
         q, saturated = scaler.quantize(x, count_saturated=True)
         x_dq = q.dequantize(dtype)
-        stats = cast_stats(x, x_dq, q.scale_inv, saturated, q.data, not q.may_have_nan,
-                           amax=scaler.last_amax)  # fmt: skip
+        stats = self.telemetry.measure(x, x_dq, q.scale_inv, saturated, q.data, not q.may_have_nan,
+                                       amax=scaler.last_amax)  # fmt: skip
         return q, x_dq, stats
 
     def operand(self, x: torch.Tensor, dtype: torch.dtype) -> Operand:

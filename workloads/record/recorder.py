@@ -93,7 +93,7 @@ class TrialRecorder:
     def flush_at_checkpoints(self) -> None:
         """Metrics reach the store at checkpoints only (the loop flushes before each), so a
         resumed trial re-logs exactly the steps its lost worker had not checkpointed."""
-        self.logger.flush_every = 10**9
+        self.logger.hold_until_flush()
 
     def reference(self, policy: str) -> Callable[[int], float | None]:
         """step -> the reference trial's train/loss at that step (the health verdict's lookup)."""

@@ -169,3 +169,32 @@ def test_compiled_cast_stats_match_the_eager_ones(fused, monkeypatch):
     exact = [0, 1, 2, 3, 4, 6]  # counts, amax, scales
     assert_same(got[exact], ref[exact])
     assert got[5].item() == pytest.approx(ref[5].item(), rel=1e-5, nan_ok=True)
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+def test_recorded_large_cast_takes_the_compiled_path_with_the_same_numbers(fused, fmt):
+    """A recorded cast of a large tensor under current scaling runs the compiled quantize-dequantize
+    of an unrecorded step plus the compiled stats: the same decoded tensor and the same telemetry
+    row as the unfused quantize, decode and stats it replaces."""
+    from workloads.precision.linear import CastSite
+    from workloads.precision.scaling import CastSpec
+    from workloads.precision.telemetry import Fp8Telemetry
+
+    x = (torch.randn(96, 160, generator=torch.Generator().manual_seed(1)) * 3e-3).to(torch.bfloat16)
+    x[0, :3] = torch.tensor([0.0, 1e-30, 5.0])
+    rows, outputs = [], []
+    for compiled in (True, False):
+        tel = Fp8Telemetry(batch_below_numel=0)
+        site = CastSite(CastSpec(fmt.name, ScalingRecipe("current", power_2_scale=False)), "activation", "l",
+                        "activation", tel)
+        tel.begin_step(0, record=True)
+        if compiled:
+            x_dq, stats = site.cast_with_stats(x, torch.bfloat16)
+        else:
+            _, x_dq, stats = site._quantize_with_stats(x, torch.bfloat16)
+        tel.record_stats("l", "activation", x.numel(), stats)
+        rows.append(tel.end_step().rows[0])
+        outputs.append(x_dq)
+    assert_same(outputs[0], outputs[1])
+    assert math.isnan(rows[0].pop("value")) and math.isnan(rows[1].pop("value"))  # casts carry no value
+    assert rows[0] == rows[1] and rows[0]["underflow_pct"] > 0

@@ -183,3 +183,108 @@ def test_record_lora_reports_grad_norms_and_weight_std():
         model[1].weight.std().item(), rel=1e-5
     )
     assert "underflow/events" in out.metrics and out.metrics["underflow/events"] == 0
+
+
+def _rows_and_metrics(policy: str, tel: Fp8Telemetry) -> tuple[list[dict], dict]:
+    """Rows and aggregates of the one recorded step of a tiny LoRA model trained under ``policy``."""
+    from tests.support.tiny_lora import tiny_lora_model
+    from workloads.precision.apply import apply_policy
+
+    model = tiny_lora_model(seed=3, vocab_size=128)
+    handle = apply_policy(model, policy, tel)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    report = None
+    for step in range(2):
+        tel.begin_step(step, record=step == 1)
+        ids = torch.randint(0, 128, (4, 24), generator=torch.Generator().manual_seed(step))
+        loss = model(input_ids=ids, labels=ids).loss
+        handle.scale_loss(loss).backward()
+        if handle.prepare_step(opt):
+            opt.step()
+            handle.after_step()
+        opt.zero_grad(set_to_none=True)
+        report = tel.end_step({"train/loss": loss.detach()}) or report
+    return report.rows, report.metrics
+
+
+def _comparable(rows: list[dict]) -> list[dict]:
+    return [{k: ("nan" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows]
+
+
+@pytest.mark.parametrize("policy", ["fp8_naive", "fp8_protected", "fp8_unscaled_fp8_adapters"])
+def test_batched_small_casts_log_the_values_of_one_cast_at_a_time(policy):
+    """Small casts measured together at the end of the step (``Fp8Telemetry.measure``) log the same
+    rows and aggregates, bit for bit on CPU, as each cast measured alone when it happens
+    (``batch_below_numel=0``: ``cast_stats`` per cast, the path before batching). The tiny model's
+    casts are all small, so every row of the batched run came from a batch."""
+    batched = Fp8Telemetry()
+    rows, metrics = _rows_and_metrics(policy, batched)
+    one_by_one, one_metrics = _rows_and_metrics(policy, Fp8Telemetry(batch_below_numel=0))
+    kinds = {r["kind"] for r in rows}
+    assert {"activation", "dgrad"} <= kinds or policy == "fp8_protected"
+    assert len(rows) == len(one_by_one) > 20
+    assert _comparable(rows) == _comparable(one_by_one)
+    assert {k: str(v) for k, v in metrics.items()} == {k: str(v) for k, v in one_metrics.items()}
+
+
+def test_batched_stats_keep_counts_nan_and_scales_per_cast():
+    """Edge values in one batch: zeros, -0.0, NaN, Inf, saturation, per-tensor and block scales;
+    every row equals ``cast_stats`` of that cast alone (counts and amax exactly, mse to FP32
+    rounding, which on CPU is exact too)."""
+    from workloads.precision.scaling import ScalingRecipe, TensorScaler
+
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(8, 64, generator=g) * s for s in (1e-3, 1.0, 1e3)]
+    xs[0][0, :6] = torch.tensor([0.0, -0.0, math.nan, math.inf, -math.inf, 1e-30])
+    xs.append(torch.zeros(8, 64))
+    for recipe, fmt in [(ScalingRecipe("none"), E4M3), (ScalingRecipe("current"), E5M2),
+                        (ScalingRecipe("block", block_size=32), E4M3)]:
+        tel = Fp8Telemetry()
+        tel.begin_step(0, record=True)
+        expected = []
+        for i, x in enumerate(xs):
+            q, saturated = TensorScaler(recipe, fmt, "activation").quantize(x, count_saturated=True)
+            x_dq = q.dequantize(torch.float32)
+            expected.append(cast_stats(x, x_dq, q.scale_inv, saturated, q.data))
+            tel.record_stats(f"l{i}", "activation", x.numel(), tel.measure(x, x_dq, q.scale_inv, saturated, q.data))
+        assert len(tel._deferred) == len(xs)  # all small: deferred to the end of the step
+        rows = tel.end_step().rows
+        for row, ref in zip(rows, expected, strict=True):
+            ref_row = {"underflow_pct": ref[0].item() / 512 * 100, "overflow_pct": ref[1].item() / 512 * 100,
+                       "amax": ref[2].item(), "scale_inv_min": ref[3].item(), "scale_inv_max": ref[4].item(),
+                       "mse": ref[5].item(), "nonfinite": int(ref[6].item())}
+            assert _comparable([{k: row[k] for k in ref_row}]) == _comparable([ref_row]), (recipe.kind, row["layer"])
+        assert rows[0]["nonfinite"] >= 2 and rows[3]["underflow_pct"] == 0.0
+
+
+def test_a_cast_written_in_place_before_it_is_measured_is_refused():
+    """The batch holds the cast's output by reference: a write to it before the end of the step
+    would change the numbers silently, so it is an error that says how to avoid it."""
+    tel = Fp8Telemetry()
+    tel.begin_step(0, record=True)
+    x = torch.randn(64)
+    x_dq = quantize_dequantize(x, E4M3)
+    tel.record_stats("l", "activation", 64, tel.measure(x, x_dq, None))
+    x.mul_(2)  # the input is copied: writing it is fine
+    out = Fp8Telemetry()
+    out.begin_step(0, record=True)
+    y_dq = quantize_dequantize(x, E4M3)
+    out.record_stats("l", "activation", 64, out.measure(x, y_dq, None))
+    y_dq.zero_()
+    assert tel.end_step().rows[0]["numel"] == 64
+    with pytest.raises(RuntimeError, match="written in place"):
+        out.end_step()
+
+
+def test_deferred_copies_are_bounded(monkeypatch):
+    """Past ``BATCH_BYTES`` of deferred copies the pending batch is measured at once."""
+    import workloads.precision.telemetry as telemetry
+
+    monkeypatch.setattr(telemetry, "BATCH_BYTES", 3 * 64 * 8)  # three casts' copies (FP32 x + dq)
+    tel = Fp8Telemetry()
+    tel.begin_step(0, record=True)
+    for i in range(4):
+        x = torch.randn(64)
+        tel.record_stats(f"l{i}", "activation", 64, tel.measure(x, quantize_dequantize(x, E4M3), None))
+    assert len(tel._deferred) == 0 and tel._deferred_bytes == 0  # the fourth tipped it over
+    assert len(tel.end_step().rows) == 4
