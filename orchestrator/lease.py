@@ -191,7 +191,12 @@ def driver_alive(uri: str, sweep_id: str, parent_tags: dict[str, str]) -> bool:
     store = local_store_path(uri)
     if store is None:
         return heartbeat_fresh(parent_tags)
-    path = store.parent / LOCK_DIR / f"{store.name}.sweep-{sweep_id}.lock"
+    return lock_held(store.parent / LOCK_DIR / f"{store.name}.sweep-{sweep_id}.lock")
+
+
+def lock_held(path: Path) -> bool:
+    """Does a live process hold this lock file now? (Asked without taking it for long; a lock
+    file nobody holds is left behind by a process that is gone.)"""
     if not path.exists():
         return False
     with open(path, "a+") as handle:

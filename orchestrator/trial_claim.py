@@ -74,16 +74,7 @@ def claim_alive(uri: str, trial_id: str) -> bool | None:
     store = lease.local_store_path(uri)
     if store is None:
         return None
-    path = store.parent / lease.LOCK_DIR / f"{store.name}.trial-{trial_id}.lock"
-    if not path.exists():
-        return False
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return False
+    return lease.lock_held(store.parent / lease.LOCK_DIR / f"{store.name}.trial-{trial_id}.lock")
 
 
 def claimed_on_server(client: Any, experiment_id: str | None, trial_id: str) -> bool:
