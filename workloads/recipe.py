@@ -329,6 +329,7 @@ def train(trial: Trial, train_cfg: dict[str, Any], health: HealthSettings, fault
     result = run_training(trial.model, trial.handle, trial.telemetry, trial.batches, trial.settings, hooks.logger,
                           progress, before_step=faults.before_step, checkpointer=checkpointer, health=monitor,
                           heldout=loss_curve(trial, eval_cfg))
+    hooks.logger.flush()  # training's metrics are in the store before evaluation, which can take minutes
     return result, {**train_metrics(result, trial), METRIC_LOADAVG_START: load_start, METRIC_LOADAVG_END: load_average()}
 
 

@@ -30,5 +30,5 @@ def test_truncated_weights_and_impossible_trials_are_refused_before_work(workdir
     lines = _refused(["sweep", f"model.name_or_path={model}", *ONE_CELL], workdir)
     assert len(lines) == 1 and lines[0].startswith("fp8lab: error: model.name_or_path: ") and "truncated" in lines[0], lines
 
-    lines = _refused(["sweep", "lora.r=100000", "train.max_seq_len=100000", *ONE_CELL], workdir)
+    lines = _refused(["sweep", "lora.r=4096", "train.max_seq_len=100000", *ONE_CELL], workdir)  # within the schema's bounds
     assert [line.split(":")[2].strip() for line in lines] == ["train.max_seq_len", "lora.r"], lines

@@ -76,7 +76,8 @@ def test_run_is_the_whole_trial(tmp_path: Path) -> None:
     (STATUS_STOPPED_EARLY, "stopped early at step 5: doomed (loss far above the reference)", 5, False),
 ])
 def test_export_says_why_and_keeps_the_adapter_of_a_finished_trial(status, reason, stopped, kept) -> None:
-    trial = SimpleNamespace(model=object(), train_data=SimpleNamespace(attention_mask=torch.ones(3, 4)))
+    trial = SimpleNamespace(model=object(), train_data=SimpleNamespace(attention_mask=torch.ones(3, 4)),
+                            telemetry=SimpleNamespace(whatif=None))
     trained = TrainResult(status=status, steps_done=5, diverged_step=4 if status == "DIVERGED" else None,
                           verdict="doomed (loss far above the reference)" if stopped else "")
     outcome = recipe.export(trial, trained, {"train/final_loss": 1.0}, None, keep_adapter=True)
