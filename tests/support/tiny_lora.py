@@ -23,11 +23,19 @@ def tiny_lora_model(seed: int = 0, vocab_size: int = 128) -> torch.nn.Module:
 def train_steps(model: torch.nn.Module, handle: Any, tel: Any, steps: int = 3) -> tuple[list[float], list[dict]]:
     """Losses of ``steps`` AdamW steps on fixed batches, and the telemetry rows of step 1 (the
     one recorded step)."""
+    losses, reports = train_recorded(model, handle, tel, steps)
+    return losses, [row for report in reports for row in report.rows]
+
+
+def train_recorded(model: torch.nn.Module, handle: Any, tel: Any, steps: int = 3,
+                   batch_shape: tuple[int, int] = (2, 16)) -> tuple[list[float], list[Any]]:
+    """Losses of ``steps`` AdamW steps on fixed batches of ``batch_shape`` token ids, and the
+    telemetry reports (rows and aggregates) of the recorded step, step 1."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    losses, rows = [], []
+    losses, reports = [], []
     for step in range(steps):
         tel.begin_step(step, record=step == 1)
-        batch = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(step))
+        batch = torch.randint(0, 128, batch_shape, generator=torch.Generator().manual_seed(step))
         loss = model(input_ids=batch, labels=batch).loss
         handle.scale_loss(loss).backward()
         if handle.prepare_step(opt):
@@ -35,6 +43,6 @@ def train_steps(model: torch.nn.Module, handle: Any, tel: Any, steps: int = 3) -
             handle.after_step()
         opt.zero_grad(set_to_none=True)
         recorded = tel.end_step({"train/loss": loss.detach()})
-        rows += recorded.rows if recorded is not None else []
+        reports += [recorded] if recorded is not None else []
         losses.append(float(loss.detach()))
-    return losses, rows
+    return losses, reports

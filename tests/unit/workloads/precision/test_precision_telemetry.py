@@ -187,23 +187,12 @@ def test_record_lora_reports_grad_norms_and_weight_std():
 
 def _rows_and_metrics(policy: str, tel: Fp8Telemetry) -> tuple[list[dict], dict]:
     """Rows and aggregates of the one recorded step of a tiny LoRA model trained under ``policy``."""
-    from tests.support.tiny_lora import tiny_lora_model
+    from tests.support.tiny_lora import tiny_lora_model, train_recorded
     from workloads.precision.apply import apply_policy
 
     model = tiny_lora_model(seed=3, vocab_size=128)
     handle = apply_policy(model, policy, tel)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    report = None
-    for step in range(2):
-        tel.begin_step(step, record=step == 1)
-        ids = torch.randint(0, 128, (4, 24), generator=torch.Generator().manual_seed(step))
-        loss = model(input_ids=ids, labels=ids).loss
-        handle.scale_loss(loss).backward()
-        if handle.prepare_step(opt):
-            opt.step()
-            handle.after_step()
-        opt.zero_grad(set_to_none=True)
-        report = tel.end_step({"train/loss": loss.detach()}) or report
+    _, (report,) = train_recorded(model, handle, tel, steps=2, batch_shape=(4, 24))
     return report.rows, report.metrics
 
 
