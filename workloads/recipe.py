@@ -204,9 +204,10 @@ def run(config: dict[str, Any], hooks: RunHooks, checkpointer: Checkpointer | No
     health = HealthSettings.from_config(config["health"], config["sweep"].get("early_stop", False))
     faults = FaultInjector(config.get("fault"))
     trained, train_scores = train(trial, config["train"], health, faults, config["eval"], hooks, checkpointer, progress)
+    scores = None
     if trained.status == "FINISHED":
         faults.before_eval()
-    scores = evaluate(trial, config["eval"], config["data"]["path"]) if trained.status == "FINISHED" else None
+        scores = evaluate(trial, config["eval"], config["data"]["path"])
     return export(trial, trained, {**trial.base_metrics, **train_scores}, scores,
                   bool(config["tracking"].get("log_adapter", True)))
 

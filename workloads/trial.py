@@ -7,7 +7,6 @@ The orchestrator created the MLflow run; this module fills it and closes it.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 import tempfile
@@ -37,7 +36,6 @@ def run_trial(ctx: TrialLaunch, progress: Callable[[int, dict[str, Any]], None] 
         run_id = recorder.start(float(config["tracking"].get("system_metrics_interval_s", 0)),
                                 resumable=bool(checkpointer and checkpointer.resumable()))
         if run_id != ctx.run_id:  # a retry that could not resume: a fresh attempt run (record/attempts.py)
-            ctx = dataclasses.replace(ctx, run_id=run_id)
             result["mlflow_run_id"] = run_id
             checkpointer = recipe.setup_checkpointer(config["train"], ctx.trial_id, run_id)
         result["metrics"][METRIC_QUEUE_S] = recorder.queue_seconds()
