@@ -106,18 +106,30 @@ def _hash_sampled(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _folder_digest(files: list[Path], root: Path, sampled: set[Path]) -> str:
+def _folder_digest(files: list[Path], root: Path | list[Path], sampled: set[Path]) -> str:
+    """Each file named relative to the first of ``root`` (one folder or several) that holds it:
+    the digest does not depend on where a checkout or a virtual environment lives."""
+    roots = root if isinstance(root, list) else [root]
     digest = hashlib.sha256()
     for path in files:
         mode = "sampled" if path in sampled else "whole"
         value = _CACHE.get_or(path, mode, _hash_sampled if mode == "sampled" else _hash_whole)
-        digest.update(f"{path.relative_to(root).as_posix()}={value};".encode())
+        digest.update(f"{_relative_name(path, roots)}={value};".encode())
     return digest.hexdigest()[:16]
 
 
-def files_digest(files: list[Path]) -> str:
-    """Digest of files anywhere (absolute, resolved paths), each hashed whole under the cache rule."""
-    digest = _folder_digest(files, Path("/"), set())
+def _relative_name(path: Path, roots: list[Path]) -> str:
+    for index, root in enumerate(roots):
+        if path.is_relative_to(root):
+            name = path.relative_to(root).as_posix()
+            return name if index == 0 else f"@{index}/{name}"  # the first root keeps the plain names
+    raise ValueError(f"{path} is under none of {roots}")
+
+
+def files_digest(files: list[Path], roots: list[Path]) -> str:
+    """Digest of files anywhere, each hashed whole under the cache rule and named relative to the
+    first of ``roots`` that holds it (end ``roots`` with ``Path("/")`` for files elsewhere)."""
+    digest = _folder_digest(files, [r.resolve() for r in roots], set())
     _CACHE.save()
     return digest
 

@@ -41,7 +41,10 @@ def eval_digests(config: dict[str, Any]) -> dict[str, str]:
     """{'lm_eval': version, 'eval_files': digest} for the trial id."""
     ev = config["eval"]
     tasks = [t for t in (ev.get("tasks") or [ev.get("task")]) if t]
-    return {"lm_eval": _lm_eval_version(), "eval_files": files_digest(sorted(_eval_files(ev.get("include_path"), tasks)))}
+    roots = _task_roots(ev.get("include_path"))
+    files = sorted(_eval_files(roots, tasks))
+    # named relative to fp8lab's task folder or the include path: a checkout elsewhere is the same trial
+    return {"lm_eval": _lm_eval_version(), "eval_files": files_digest(files, [*roots, Path("/")])}
 
 
 def _lm_eval_version() -> str:
@@ -51,9 +54,13 @@ def _lm_eval_version() -> str:
         return "not installed"
 
 
-def _eval_files(include_path: str | None, tasks: list[str]) -> set[Path]:
+def _task_roots(include_path: str | None) -> list[Path]:
+    """fp8lab's own task folder, then `eval.include_path` (when set)."""
     roots = [Path(str(importlib.resources.files("workloads.embedded"))) / "tasks"]
-    roots += [Path(include_path).expanduser()] if include_path else []
+    return roots + ([Path(include_path).expanduser()] if include_path else [])
+
+
+def _eval_files(roots: list[Path], tasks: list[str]) -> set[Path]:
     files = {f for root in roots for f in _files_under(root)}
     files |= {Path(t).expanduser().resolve() for t in tasks if t.endswith((".yaml", ".yml")) and Path(t).expanduser().is_file()}
     pending = [f for f in files if f.suffix in (".yaml", ".yml")]

@@ -73,5 +73,19 @@ def test_relative_data_files_are_followed(tmp_path: Path) -> None:
     (tmp_path / "outside.jsonl").write_text('{"q": 1}\n')
     (tasks / "t.yaml").write_text("task: t\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: ../outside.jsonl\n"
                                   "doc_to_text: !function utils.text\n")
-    files = eval_digest._eval_files(str(tasks), ["t"])
+    files = eval_digest._eval_files(eval_digest._task_roots(str(tasks)), ["t"])
     assert (tmp_path / "outside.jsonl").resolve() in files
+
+
+def test_the_same_task_folder_elsewhere_gives_the_same_digest(tmp_path: Path) -> None:
+    """Eval files are named relative to their task folder, so a checkout, a virtual environment or
+    an include path in another place is the same trial (absolute names made every fresh clone's
+    trial ids new); a different file still changes the digest."""
+    first = Path(shutil.copytree(EMBEDDED / "tasks", tmp_path / "a" / "tasks"))
+    second = Path(shutil.copytree(EMBEDDED / "tasks", tmp_path / "b" / "elsewhere"))
+    config = {"eval": {"task": "fp8lab_embedded", "tasks": None}}
+    digest = {root: eval_digest.eval_digests({"eval": {**config["eval"], "include_path": str(root)}})["eval_files"]
+              for root in (first, second)}
+    assert digest[first] == digest[second]
+    (second / "extra.yaml").write_text("task: extra\n")
+    assert eval_digest.eval_digests({"eval": {**config["eval"], "include_path": str(second)}})["eval_files"] != digest[first]
