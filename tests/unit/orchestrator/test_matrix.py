@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config_loader import compose_config, to_container
+from orchestrator.config_loader import compose_config, shipped_config_dir, to_container
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import expand_sweep, flatten_axes, format_override, group_names
 from orchestrator.trial_id import compute_trial_id, semantic_config
@@ -72,3 +72,13 @@ def test_override_formatting() -> None:
     assert format_override("precision", "fp8_naive", groups) == "precision=fp8_naive"
     assert format_override("train.lr", 0.0002, groups) == "train.lr=0.0002"
     assert format_override("lora.target_modules", ["q_proj", "v_proj"], groups) == "lora.target_modules=['q_proj','v_proj']"
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (shipped_config_dir() / "experiment").glob("*.yaml")))
+def test_every_shipped_experiment_expands_into_valid_distinct_trials(experiment: str) -> None:
+    """An experiment naming a renamed policy failed only when a user launched it (smollm2 named
+    `*-fp32_adapter_storage` a round after the rung was split in two)."""
+    specs = _expand(f"experiment={experiment}")
+    axes = compose_config([f"experiment={experiment}"]).sweep.axes
+    assert {s.policy for s in specs} == set(axes.precision)
+    assert len({s.trial_id for s in specs}) == len(specs) > 1
