@@ -5,6 +5,7 @@ torchao float8 training (``emulate=True``) on the same layers.
     python benchmarks/fp8_emulation.py --smoke     # seconds, for CI
     python benchmarks/fp8_emulation.py --sizes 1024 --rounds 8 --json out.json
     python benchmarks/fp8_emulation.py --sizes 1024 --policies all --json benchmarks/results/fp8_emulation_all.json
+    python benchmarks/fp8_emulation.py --sizes smollm2-135m --no-torchao --rounds 6 --chunk 2   # the real model
 
 Goals: fp8_protected and fp8_naive at most 1.5x bf16 at hidden 1024; fp8lab's emulation at
 least as fast as torchao's emulation of the same policy.
@@ -64,19 +65,21 @@ def variants_for(policies: str) -> list[tuple[str, str, str]]:
 
 def measure(size: str, layers: int | None, rounds: int, chunk: int, with_torchao: bool,
             variants: list[tuple[str, str, str]] = VARIANTS) -> dict[str, Any]:
-    hidden = None if size == "default" else int(size)
+    hidden = int(size) if size.isdigit() else None
+    model = [] if hidden or size == "default" else [f"model={size}"]  # a model config (e.g. smollm2-135m)
     built = time.perf_counter()
     trials = {}
     for name, policy, backend in variants:
         if backend == "torchao" and not with_torchao:
             continue
-        trials[name] = common.build_trial(policy, hidden=hidden, layers=layers if hidden else None,
+        trials[name] = common.build_trial(policy, hidden=hidden, layers=layers if hidden else None, overrides=model,
                                           backend=backend, telemetry=False, name=name)
     build_s = time.perf_counter() - built
+    arch = next(iter(trials.values())).model.config
     for trial in trials.values():  # warm-up
         trial.run_chunk(1)
     samples = common.interleave({n: (lambda t=t: t.run_chunk(chunk)) for n, t in trials.items()}, rounds)
-    out: dict[str, Any] = {"size": size, "hidden": hidden or 128, "layers": layers if hidden else 4,
+    out: dict[str, Any] = {"size": size, "hidden": arch.hidden_size, "layers": arch.num_hidden_layers,
                            "chunk_steps": chunk, "rounds": rounds, "build_s": build_s,
                            "variants": common.compare(samples, "bf16")}
     for name, figures in out["variants"].items():
@@ -94,7 +97,9 @@ def measure(size: str, layers: int | None, rounds: int, chunk: int, with_torchao
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a few steps, to check the script runs")
-    parser.add_argument("--sizes", default="default,1024", help="comma list: default and/or hidden sizes")
+    parser.add_argument("--sizes", default="default,1024",
+                        help="comma list: default (the embedded model), hidden sizes of its wide copy, or a model "
+                             "option such as smollm2-135m")
     parser.add_argument("--layers", type=int, default=2, help="layers of the wide model(s)")
     parser.add_argument("--rounds", type=int, default=0, help="rounds per size (0: 10 default, 6 wide)")
     parser.add_argument("--chunk", type=int, default=0, help="steps per variant per round (0: 5 default, 2 wide)")

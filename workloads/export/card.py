@@ -28,9 +28,10 @@ _LOAD_HINT = {
 }
 
 
-def model_card(run: Any, reference: Any | None, fmt: str, base_ref: str) -> str:
+def model_card(run: Any, reference: Any | None, fmt: str, base_ref: str, notes: tuple[str, ...] = ()) -> str:
     """README.md text for the export of `run` in format `fmt`; `reference` is the bf16 run of the
-    same seed and configuration (None: not in the store, said so in the card)."""
+    same seed and configuration (None: not in the store, said so in the card); `notes`: the
+    export's own lines (fp8-block128: which linears stayed BF16 and why)."""
     tags = run.data.tags
     policy = tags.get(TAG_POLICY, "?")
     lines = ["---", "library_name: " + ("peft" if fmt == "adapter" else "transformers"),
@@ -44,7 +45,8 @@ def model_card(run: Any, reference: Any | None, fmt: str, base_ref: str) -> str:
              f"- base model: `{base_ref}`", "", "## Quality against bf16", "", *_quality_table(run, reference), "",
              "## How it was trained", "", *_recipe(run.data.params), "",
              "The full configuration is the run's `config/resolved.yaml` artifact.", "", "## Load it", "",
-             "```python", _LOAD_HINT[fmt], "```", ""]
+             "```python", _LOAD_HINT[fmt], "```", "",
+             *(["## Storage", "", "```", *(line.strip() for line in notes), "```", ""] if notes else [])]
     return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 """Block-scaled FP8 checkpoints ("fp8-block128"), the layout inference servers load.
 
-Every ``nn.Linear`` of the model except the output head (and linears whose dims are not multiples
-of 128, see ``quantizable_linears``) is stored as
+Every ``nn.Linear`` of the model except the output head (and fused groups vLLM cannot block-quantize,
+see ``plan_linears``) is stored as
 
 - ``<linear>.weight``: ``float8_e4m3fn``, shape ``[out, in]``;
 - ``<linear>.weight_scale_inv``: ``float32``, shape ``[ceil(out/128), ceil(in/128)]``; a block's
@@ -18,13 +18,15 @@ for DeepSeek-V3-style checkpoints.
 The codes come from the project's one FP8 codec (``workloads.precision.scaling``, the same 128x128
 block recipe ``fp8_protected`` stores its frozen weights with: power-of-two scales, so decoding is
 exact). ``dequantize_checkpoint`` reads a written folder back with nothing but safetensors and
-plain tensor arithmetic, so a test of the file does not trust the writer.
+plain tensor arithmetic, so a test of the file does not trust the writer; ``load_fp8_checkpoint``
+builds the transformers model from it on CPU, where transformers' own loader mis-reads partial blocks.
 """
 from __future__ import annotations
 
 import copy
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,20 +58,59 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.data.contiguous(), q.scale_inv.to(torch.float32).contiguous()
 
 
-def quantizable_linears(model: nn.Module) -> tuple[list[str], list[str]]:
-    """(names of the linears to store in FP8, names kept in BF16).
+# The sibling projections vLLM fuses into one GEMM (its ``packed_modules_mapping`` for Llama,
+# Mistral, Qwen2, Gemma, ...). Its block-FP8 loader needs every part's output dim to be a multiple
+# of the block (``validate_fp8_block_shape``, merged GEMMs) and quantizes a fused layer as a whole
+# (some but not all shards in ``modules_to_not_convert`` is refused), so a group converts together.
+FUSED_GROUPS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
-    Kept: the output head, and any linear whose dims are not multiples of 128. The file format
-    allows a ragged last block, but transformers' dequantizer infers the block size from the scale
-    grid and vLLM refuses ragged blocks in fused (qkv, gate_up) layers, so such a layer would load
-    wrong or not at all; in BF16 it loads everywhere."""
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """Which linears an export stores in FP8, which stay BF16 and why."""
+
+    convert: list[str]
+    kept: dict[str, str]  # linear -> why it stays BF16
+    ragged: list[str]  # converted linears with a dim that is not a multiple of BLOCK
+
+    def kept_lines(self) -> list[str]:
+        """`kept` with layer indices folded (`model.layers.*.self_attn.q_proj (x30): why`)."""
+        counts: dict[tuple[str, str], int] = {}
+        for name, why in self.kept.items():
+            key = (re.sub(r"\.\d+\.", ".*.", name), why)
+            counts[key] = counts.get(key, 0) + 1
+        return [f"{pattern}{f' (x{n})' if n > 1 else ''}: {why}" for (pattern, why), n in counts.items()]
+
+
+def plan_linears(model: nn.Module) -> LinearPlan:
+    """vLLM's rule at tensor-parallel size 1: every linear but the output head goes to FP8, unless
+    it is part of a fused group (``FUSED_GROUPS``) with an output dim that is not a multiple of 128.
+    A ragged dim elsewhere is allowed (the last block of the grid is partial; DeepSeek-V3's 576-wide
+    ``kv_a_proj_with_mqa`` is one): vLLM and transformers' ``FP8Linear`` allocate
+    ``ceil(dim / 128)`` scales. Transformers' CPU dequantizer does not: see ``load_fp8_checkpoint``."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    convert, keep = [], []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
-            ragged = any(dim % BLOCK for dim in module.weight.shape)
-            (keep if module is head or ragged else convert).append(name)
-    return convert, keep
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    kept: dict[str, str] = {}
+    for name, module in linears.items():
+        why = "output head" if module is head else _fused_group_problem(name, linears)
+        if why:
+            kept[name] = why
+    convert = [name for name in linears if name not in kept]
+    ragged = [name for name in convert if any(dim % BLOCK for dim in linears[name].weight.shape)]
+    return LinearPlan(convert, kept, ragged)
+
+
+def _fused_group_problem(name: str, linears: dict[str, nn.Module]) -> str:
+    """Why `name`'s fused group cannot be block-quantized by vLLM ('' when it can, or has none)."""
+    parent, _, leaf = name.rpartition(".")
+    for fused, parts in FUSED_GROUPS.items():
+        if leaf in parts:
+            for part in parts:
+                sibling = linears.get(f"{parent}.{part}" if parent else part)
+                if sibling is not None and sibling.weight.shape[0] % BLOCK:
+                    return (f"vLLM fuses it into {fused}, and {part}'s {sibling.weight.shape[0]} outputs are not a "
+                            f"multiple of {BLOCK}")
+    return ""
 
 
 @dataclass(frozen=True)
@@ -77,34 +118,33 @@ class Fp8Checkpoint:
     """What `write_fp8_checkpoint` wrote."""
 
     out_dir: Path
-    quantized: list[str]
-    kept: list[str]
+    plan: LinearPlan
 
 
 def write_fp8_checkpoint(model: nn.Module, tokenizer: Any, out_dir: Path) -> Fp8Checkpoint:
     """Write `model` (merged, any float dtype) as an fp8-block128 folder into `out_dir`."""
     from huggingface_hub import save_torch_state_dict
 
-    convert, keep = quantizable_linears(model)
-    if not convert:
-        raise NothingToQuantize(f"{type(model).__name__} has no linear layers to quantize (besides its output head, "
-                                f"none has both dims a multiple of {BLOCK})")
+    plan = plan_linears(model)
+    if not plan.convert:
+        raise NothingToQuantize(f"{type(model).__name__} has no linear layers to quantize (kept in BF16: "
+                                f"{'; '.join(plan.kept_lines())})")
     state = {k: v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()
              for k, v in model.state_dict().items()}
-    for name in convert:
+    for name in plan.convert:
         codes, scale_inv = quantize_weight(model.get_submodule(name).weight)
         state[f"{name}.weight"] = codes
         state[f"{name}.weight{SCALE_SUFFIX}"] = scale_inv
     out_dir.mkdir(parents=True, exist_ok=True)
     save_torch_state_dict(state, out_dir)  # shards (with an index) and de-duplicates tied tensors
     config = copy.deepcopy(model.config)  # the in-memory model itself is not quantized
-    config.quantization_config = quant_config(keep)
+    config.quantization_config = quant_config(list(plan.kept))
     config.dtype = torch.bfloat16
     config.save_pretrained(out_dir)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    return Fp8Checkpoint(out_dir, convert, keep)
+    return Fp8Checkpoint(out_dir, plan)
 
 
 def dequantize_checkpoint(folder: Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
@@ -130,6 +170,32 @@ def dequantize_checkpoint(folder: Path, dtype: torch.dtype = torch.float32) -> d
         full = scale.repeat_interleave(block_rows, 0).repeat_interleave(block_cols, 1)[:rows, :cols]
         out[key] = (tensor.to(torch.float32) * full).to(dtype)
     return out
+
+
+def load_fp8_checkpoint(folder: Path, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """The exported model as a plain transformers model on CPU, weights decoded by
+    ``dequantize_checkpoint``.
+
+    ``from_pretrained`` does this on CPU when every block is whole. With a partial block
+    transformers 5.24's CPU dequantizer infers the block size as ``dim / grid`` instead of reading
+    ``weight_block_size``: SmolLM2's 576-wide linears stop the load ("Weight shape (1536, 576) not
+    divisible by scale grid (12, 5)"), and a width such as 192 loads with 96-wide blocks, silently
+    wrong (tested). So this reads the file itself: the architecture from config.json (without its
+    quantization_config), then every tensor, strictly (a tied tensor is written once, under either
+    name)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(folder))
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = dequantize_checkpoint(folder, dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    current = model.state_dict()
+    loaded = {current[key].data_ptr() for key in state if key in current}
+    missing = [key for key in missing if current[key].data_ptr() not in loaded]  # a tied alias was loaded
+    if missing or unexpected:
+        raise ValueError(f"{folder}: weights do not match the architecture (missing {missing}, unexpected {unexpected})")
+    return model.eval()
 
 
 def bf16_bytes(model: nn.Module) -> int:

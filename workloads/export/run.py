@@ -31,10 +31,12 @@ class ExportResult:
     bytes: int  # weight files written
     bf16_bytes: int  # the merged model in BF16, for comparison
     seconds: float
+    notes: tuple[str, ...] = ()  # fp8-block128: which linears stayed BF16 and why
 
     def summary(self) -> str:
         ratio = f" = {self.bytes / self.bf16_bytes:.2f} x BF16 ({_mib(self.bf16_bytes)})" if self.bf16_bytes else ""
-        return f"{self.format}: {self.out_dir}  {_mib(self.bytes)}{ratio}  in {self.seconds:.1f} s"
+        return "\n".join([f"{self.format}: {self.out_dir}  {_mib(self.bytes)}{ratio}  in {self.seconds:.1f} s",
+                          *self.notes])
 
 
 def _mib(n: int) -> str:
@@ -76,15 +78,15 @@ def export_run(tracking_uri: str, run_id: str, fmt: str, out_dir: Path) -> Expor
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
         try:
-            size, bf16 = _write(fmt, adapter_dir, config, staging)
-            _describe(staging, fmt, config, out_dir, run, _bf16_run(client, run, config))
+            size, bf16, notes = _write(fmt, adapter_dir, config, staging)
+            _describe(staging, fmt, config, out_dir, run, _bf16_run(client, run, config), notes)
             give_default_modes(staging)
             if out_dir.exists():
                 out_dir.rmdir()  # empty (checked above)
             staging.rename(out_dir)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return ExportResult(fmt, out_dir, size, bf16, time.perf_counter() - started)
+    return ExportResult(fmt, out_dir, size, bf16, time.perf_counter() - started, notes)
 
 
 def _download(client: Any, run_id: str, scratch: Path) -> tuple[Path, dict[str, Any]]:
@@ -106,11 +108,11 @@ def _run_config(client: Any, run_id: str, scratch: Path) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
 
 
-def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path) -> tuple[int, int]:
-    """(bytes of weights written, bytes of the merged model in BF16)."""
+def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path) -> tuple[int, int, tuple[str, ...]]:
+    """(bytes of weights written, bytes of the merged model in BF16, notes for the log and card)."""
     if fmt == "adapter":  # a copy: no training stack needed
         shutil.copytree(adapter_dir, out, dirs_exist_ok=True)
-        return folder_bytes(out), 0
+        return folder_bytes(out), 0, ()
     from workloads.export.adapter import merged_model
     from workloads.export.fp8_block import NothingToQuantize, bf16_bytes, write_fp8_checkpoint
 
@@ -120,18 +122,33 @@ def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path) -> tu
     except OSError as exc:  # the trial's base model is not here (moved folder, offline hub id)
         raise ExportError(f"base model {base_path!r} of this trial cannot be loaded ({str(exc).splitlines()[0]}) "
                           "(fix: make it available at that path or in the Hugging Face cache)") from None
+    notes: tuple[str, ...] = ()
     if fmt == "merged":
         model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
     else:
         try:
-            write_fp8_checkpoint(model, tokenizer, out)
+            plan = write_fp8_checkpoint(model, tokenizer, out).plan
         except NothingToQuantize as exc:
             raise ExportError(f"--format fp8-block128: {exc} (fix: export --format merged)") from None
-    return folder_bytes(out), bf16_bytes(model)
+        notes = fp8_notes(plan)
+    return folder_bytes(out), bf16_bytes(model), notes
 
 
-def _describe(folder: Path, fmt: str, config: dict[str, Any], out_dir: Path, run: Any, reference: Any) -> None:
+def fp8_notes(plan: Any) -> tuple[str, ...]:
+    """What an fp8-block128 export kept in BF16 and why, and its partial blocks, one line each."""
+    lines = [f"  FP8: {len(plan.convert)} linears; kept in BF16 (modules_to_not_convert):",
+             *(f"    {line}" for line in plan.kept_lines())]
+    if plan.ragged:
+        lines += [f"  {len(plan.ragged)} FP8 linears have a dim that is not a multiple of 128 (a partial last block): "
+                  "vLLM loads them at tensor-parallel size 1 (larger sizes need each shard a multiple of 128);",
+                  "  transformers' CPU loader mis-reads partial blocks: on CPU load it with "
+                  "workloads.export.fp8_block.load_fp8_checkpoint(folder)"]
+    return tuple(lines)
+
+
+def _describe(folder: Path, fmt: str, config: dict[str, Any], out_dir: Path, run: Any, reference: Any,
+              notes: tuple[str, ...] = ()) -> None:
     """The model card, and (adapter) a base model reference that works off this machine."""
     from workloads.export.card import model_card
 
@@ -141,7 +158,7 @@ def _describe(folder: Path, fmt: str, config: dict[str, Any], out_dir: Path, run
         data = json.loads(adapter_config.read_text())
         data["base_model_name_or_path"] = base_ref
         adapter_config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    (folder / "README.md").write_text(model_card(run, reference, fmt, base_ref))
+    (folder / "README.md").write_text(model_card(run, reference, fmt, base_ref, notes))
 
 
 def _bf16_run(client: Any, run: Any, config: dict[str, Any]) -> Any:
