@@ -8,6 +8,7 @@ weights (tests/unit/workloads/export).
     python benchmarks/export_check.py RUN_ID                        # the store in ./mlflow.db
     python benchmarks/export_check.py RUN_ID --tracking-uri sqlite:////path/mlflow.db
     python benchmarks/export_check.py RUN_ID --export DIR           # an existing export of that run
+    python benchmarks/export_check.py RUN_ID --partial-blocks       # SmolLM2: its 576-wide linears
 
 The trial scored with its own forward (its policy's FP8 emulation, LoRA unmerged); the export is the
 merged model with its linears rounded to E4M3 per 128x128 block, so the two differ by that
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     parser.add_argument("--export", type=Path, help="an existing fp8-block128 export of RUN_ID (default: export now)")
     parser.add_argument("--task", help="the lm-eval task (default: the trial's, from its eval/<task>/acc metric)")
+    parser.add_argument("--partial-blocks", action="store_true", help="export with --partial-blocks (SmolLM2)")
     parser.add_argument("--max-diff-pts", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "export_check.json")
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.export
         notes: tuple[str, ...] = ()
         if folder is None:
-            result = export_run(args.tracking_uri, args.run_id, "fp8-block128", Path(scratch) / "fp8")
+            result = export_run(args.tracking_uri, args.run_id, "fp8-block128", Path(scratch) / "fp8", args.partial_blocks)
             folder, notes = result.out_dir, result.notes
             print(result.summary())
         scored = score_folder(folder, task, args.batch_size)

@@ -129,13 +129,19 @@ def task_examples(limit: int | None) -> list[dict[str, Any]]:
 
 
 def transformers_generate(model_dir: Path, prompts: list[str], max_tokens: int) -> dict[str, Any]:
-    """Greedy tokens from transformers' own load of the folder (FP8 weights decoded on CPU)."""
+    """Greedy tokens from transformers' load of the folder (FP8 weights decoded on CPU): its own
+    loader when every 128-block is whole, else fp8lab's reader (transformers' CPU loader mis-reads
+    partial blocks, see ``load_fp8_checkpoint``)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from workloads.export.fp8_block import has_partial_blocks, load_fp8_checkpoint
+
     started = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    partial = has_partial_blocks(Path(model_dir))
+    model = (load_fp8_checkpoint(Path(model_dir)) if partial
+             else AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval())
     loaded = time.perf_counter()
     ids, texts, margins = [], [], []
     with torch.inference_mode():
@@ -149,7 +155,8 @@ def transformers_generate(model_dir: Path, prompts: list[str], max_tokens: int) 
             # the closest call of the greedy choice: top-1 minus top-2 logit, over the steps
             margins.append(min(float(s[0].float().topk(2).values.diff().abs()) for s in out.scores))
     return {"token_ids": ids, "texts": texts, "min_logit_margin": margins, "load_s": loaded - started,
-            "generate_s": time.perf_counter() - loaded, "transformers_version": _version("transformers")}
+            "generate_s": time.perf_counter() - loaded, "transformers_version": _version("transformers"),
+            "transformers_loader": "fp8lab load_fp8_checkpoint (partial blocks)" if partial else "from_pretrained"}
 
 
 def accuracy(texts: list[str], examples: list[dict[str, Any]]) -> float:

