@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.integration.conftest import TINY, client_for, read_json, run_cli
+from tests.integration.conftest import TINY, client_for, read_json, run_cli, store_uri
 
 pytestmark = pytest.mark.integration
 
@@ -91,3 +91,21 @@ def test_export_of_an_unfinished_run_is_one_line_and_writes_nothing(trial: Simpl
     errors = [line for line in proc.stderr.splitlines() if line.startswith("fp8lab: error:")]
     assert len(errors) == 1 and "is FAILED, not FINISHED" in errors[0]
     assert not out.exists() and not list(trial.workdir.glob(".never.partial-*"))
+
+
+def test_export_check_benchmark_scores_the_export_on_the_trials_items(trial: SimpleNamespace, tmp_path: Path) -> None:
+    """benchmarks/export_check.py: the fp8-block128 export and the merged BF16 export, scored on the
+    trial's own items (its eval.limit) and compared with the trial."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import export_check
+
+    out = tmp_path / "check.json"
+    uri = store_uri(trial.workdir)
+    assert export_check.main([trial.run.info.run_id, "--tracking-uri", uri, "--merged", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["eval_limit"] == EVAL_N and report["export"]["n"] == EVAL_N == report["merged_bf16"]["n"]
+    assert report["trial_accuracy"] == trial.result["metrics"]["eval/accuracy"]
+    assert abs(report["diff_pts"]) <= 1 and report["passed"]
