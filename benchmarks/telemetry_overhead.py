@@ -2,6 +2,7 @@
 
     python benchmarks/telemetry_overhead.py            # 4-8 min: bf16 (the default trial), fp8_protected, fp8_naive
     python benchmarks/telemetry_overhead.py --hidden 1024 --rounds 8 --max-rounds 12   # the wide model (~9 min)
+    python benchmarks/telemetry_overhead.py --model smollm2-135m --variants off,default --rounds 6 --max-rounds 6 --chunk 5
     python benchmarks/telemetry_overhead.py --smoke    # seconds, for CI
     python benchmarks/telemetry_overhead.py --json out.json --rounds 16
 
@@ -125,16 +126,23 @@ def attach_item_loop(trial: common.InProcessTrial) -> ItemLoopMonitor:
     return monitor
 
 
+VARIANTS = ("off", "default", "every_step", "item_loop")
+
+
 def build_variants(policy: str, logger_kind: str, store: Path, hidden: int | None = None,
-                   layers: int = 2) -> dict[str, common.InProcessTrial]:
-    size = {"hidden": hidden, "layers": layers if hidden else None}
-    variants = {
-        "off": common.build_trial(policy, telemetry=False, **size),
-        "default": common.build_trial(policy, health=True, **size),
-        "every_step": common.build_trial(policy, telemetry_every=1, health=True, **size),
-        "item_loop": common.build_trial(policy, telemetry=False, **size),
+                   layers: int = 2, model: str | None = None,
+                   names: tuple[str, ...] = VARIANTS) -> dict[str, common.InProcessTrial]:
+    size = {"hidden": hidden, "layers": layers if hidden else None,
+            "overrides": [f"model={model}"] if model else None}
+    build = {
+        "off": lambda: common.build_trial(policy, telemetry=False, **size),
+        "default": lambda: common.build_trial(policy, health=True, **size),
+        "every_step": lambda: common.build_trial(policy, telemetry_every=1, health=True, **size),
+        "item_loop": lambda: common.build_trial(policy, telemetry=False, **size),
     }
-    attach_item_loop(variants["item_loop"])
+    variants = {name: build[name]() for name in VARIANTS if name in names}
+    if "item_loop" in variants:
+        attach_item_loop(variants["item_loop"])
     for name, trial in variants.items():
         trial.logger_factory = mlflow_logger_factory(store, f"{policy}-{name}") if logger_kind == "mlflow" else None
     return variants
@@ -157,10 +165,10 @@ def mlflow_logger_factory(store: Path, run_name: str) -> Any:
 
 def measure(policy: str, rounds: int, chunk: int, logger_kind: str, store: Path,
             hidden: int | None = None, layers: int = 2, max_rounds: int | None = None,
-            clock: str = "cpu") -> dict[str, Any]:
+            clock: str = "cpu", model: str | None = None, names: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
     """Interleaved rounds of the four variants of ``policy``; ``rounds`` at least, then blocks of
     ``EXTRA_ROUNDS`` while the verdict on ``clock`` is not decidable, up to ``max_rounds``."""
-    variants = build_variants(policy, logger_kind, store, hidden, layers)
+    variants = build_variants(policy, logger_kind, store, hidden, layers, model, names)
     for trial in variants.values():  # warm-up: first-call allocations, lazy imports
         trial.run_chunk(chunk)
     load_start = load_average()
@@ -172,7 +180,7 @@ def measure(policy: str, rounds: int, chunk: int, logger_kind: str, store: Path,
         for name, clocks in more.items():
             for key, values in clocks.items():
                 samples[name][key] += values
-    out: dict[str, Any] = {"policy": policy, "hidden": hidden or 128, "chunk_steps": chunk,
+    out: dict[str, Any] = {"policy": policy, "hidden": hidden or model or 128, "chunk_steps": chunk,
                            "rounds": len(_ratios(samples, clock)), "variants": common.compare(samples, "off"),
                            "verdict": {"clock": clock, **verdict(_ratios(samples, clock))},
                            "loadavg_start": load_start, "loadavg_end": load_average()}
@@ -199,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=None,
                         help="the wide model of fp8_emulation.py at this width (default: the embedded model)")
     parser.add_argument("--layers", type=int, default=2, help="layers of the wide model")
+    parser.add_argument("--model", help="a model option instead of the embedded model, e.g. smollm2-135m")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma list of variants; off and default are always measured")
     parser.add_argument("--logger", choices=["mlflow", "null"], default="mlflow")
     parser.add_argument("--json", help="where to write the figures (default benchmarks/results/)")
     args = parser.parse_args(argv)
@@ -209,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fp8lab-bench-") as tmp:
         for policy in args.policies.split(","):
             results.append(measure(policy, args.rounds, args.chunk, args.logger, Path(tmp), args.hidden, args.layers,
-                                   max(args.max_rounds, args.rounds), args.clock))
+                                   max(args.max_rounds, args.rounds), args.clock, args.model,
+                                   tuple({"off", "default", *args.variants.split(",")})))
     rows = []
     for res in results:
         for name, v in res["variants"].items():
@@ -225,10 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                "verdicts": {r["policy"]: r["verdict"] for r in results},
                "default_overhead_pct": {r["policy"]: {k: r["variants"]["default"][k]["overhead_pct"]
                                                       for k in ("wall", "cpu")} for r in results},
-               "every_step_overhead_pct": {r["policy"]: {k: r["variants"]["every_step"][k]["overhead_pct"]
-                                                         for k in ("wall", "cpu")} for r in results},
-               "item_loop_overhead_pct": {r["policy"]: {k: r["variants"]["item_loop"][k]["overhead_pct"]
-                                                        for k in ("wall", "cpu")} for r in results}}
+               **{f"{name}_overhead_pct": {r["policy"]: {k: r["variants"][name][k]["overhead_pct"]
+                                                          for k in ("wall", "cpu")} for r in results}
+                  for name in ("every_step", "item_loop") if all(name in r["variants"] for r in results)}}
     path = common.write_json(args.json, NAME, {"smoke": args.smoke, "logger": args.logger,
                                                "summary": summary, "results": results,
                                                "command": " ".join(["python", "benchmarks/telemetry_overhead.py",
