@@ -7,6 +7,7 @@ behind. An interrupt (Ctrl-C / SIGTERM) cancels the trials and marks their runs 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -117,13 +118,14 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
             if not claims.take(index, spec):
                 continue
             config = _for_workers(spec.config)
-            run_ids[spec.trial_id] = (runs.reopen_lost_run(client, experiment_id, spec.trial_id, Path(config["train"]["checkpoint_dir"]))
-                                      or runs.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, trial_params(spec.config)))
-            trial = ray_runner.TrialLaunch(config, spec.trial_id, run_ids[spec.trial_id],
-                                           plan.tracking_uri, policy_label(spec.config))
-            ref = ray_runner.submit(trial, board, cluster, plan.config["sweep"]["max_retries"], index)
-            refs[ref] = spec.trial_id
-            new.append(ref)
+            with _signals_deferred():  # a run created is a run recorded (and so closed if interrupted)
+                run_ids[spec.trial_id] = (runs.reopen_lost_run(client, experiment_id, spec.trial_id, Path(config["train"]["checkpoint_dir"]))
+                                          or runs.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, trial_params(spec.config)))
+                trial = ray_runner.TrialLaunch(config, spec.trial_id, run_ids[spec.trial_id],
+                                               plan.tracking_uri, policy_label(spec.config))
+                ref = ray_runner.submit(trial, board, cluster, plan.config["sweep"]["max_retries"], index)
+                refs[ref] = spec.trial_id
+                new.append(ref)
         return new
 
     with _signals_raise_interrupt():
@@ -238,3 +240,25 @@ class _signals_raise_interrupt:
     @staticmethod
     def _raise(signum: int, frame: Any) -> None:
         raise Interrupted(signum)
+
+
+class _signals_deferred:
+    """Ctrl-C and SIGTERM wait until the block is done, then interrupt as usual (KeyboardInterrupt,
+    Interrupted). Around "create the trial's MLflow run, record its id, submit it": interrupted in
+    between, the run existed but no id was recorded, so the driver could not mark it KILLED and it
+    stayed RUNNING until a later driver. Outside the main thread (no signal handlers) it does nothing."""
+
+    def __enter__(self) -> None:
+        self._caught: list[int] = []
+        self._active = threading.current_thread() is threading.main_thread()
+        if self._active:
+            self._old = {sig: signal.signal(sig, lambda signum, frame: self._caught.append(signum))
+                         for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self._active:
+            return
+        for sig, handler in self._old.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if self._caught and exc[0] is None:
+            raise KeyboardInterrupt() if self._caught[0] == signal.SIGINT else Interrupted(self._caught[0])
