@@ -93,17 +93,16 @@ def plan_linears(model: nn.Module, partial_blocks: bool = False) -> LinearPlan:
     ``load_fp8_checkpoint``) compute them wrong, so they are opt-in."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    ragged = {name for name, m in linears.items() if any(dim % BLOCK for dim in m.weight.shape)}
     kept: dict[str, str] = {}
     for name, module in linears.items():
-        ragged = any(dim % BLOCK for dim in module.weight.shape)
         why = ("output head" if module is head else _fused_group_problem(name, linears)
-               or ("" if partial_blocks or not ragged else
+               or ("" if partial_blocks or name not in ragged else
                    f"{list(module.weight.shape)} is not whole {BLOCK}-blocks (--partial-blocks converts it)"))
         if why:
             kept[name] = why
     convert = [name for name in linears if name not in kept]
-    ragged = [name for name in convert if any(dim % BLOCK for dim in linears[name].weight.shape)]
-    return LinearPlan(convert, kept, ragged)
+    return LinearPlan(convert, kept, [name for name in convert if name in ragged])
 
 
 def _fused_group_problem(name: str, linears: dict[str, nn.Module]) -> str:
