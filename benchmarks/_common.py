@@ -152,75 +152,74 @@ def build_trial(
     telemetry: bool | None = None,
     telemetry_every: int | None = None,
     seed: int = 0,
-    calibrate: bool = True,
     health: bool = False,
 ) -> InProcessTrial:
-    """Load the embedded model (or a randomly initialised wider copy of its architecture when
-    ``hidden`` is given), attach LoRA and apply ``policy`` through the stages of
-    ``workloads.recipe`` (the ones a trial's ``setup`` runs), on CPU and with ``backend``.
+    """A trial of ``policy`` set up by the trial's own spine (``workloads.recipe.setup``: runtime,
+    model, LoRA, data, policy, backend, calibration), on CPU with ``backend``, without the base
+    model's evaluation; with ``hidden``, on a randomly initialised wider copy of the embedded
+    architecture (``wide_model_folder``), loaded from its folder as any model is.
 
     ``health``: also compute the trial's health signals at every logged step, as a trial does
     (the verdict itself, a host-side rule check once per trial, is left out)."""
     from workloads import recipe
-    from workloads.embedded.paths import embedded_paths
-    from workloads.data.lengths import resolve_train_keys
     from workloads.health.monitor import HealthMonitor
     from workloads.health.rules import HealthRules
-    from workloads.health.signals import AdapterProbe, base_weight_norms
-    from workloads.model.loading import attach_lora, load_base_model
-    from workloads.train.memory import PeakMemory
+    from workloads.health.signals import AdapterProbe
 
-    config = default_config([f"precision={policy}", f"seed={seed}", *(overrides or [])])
-    tele = config["precision"]["telemetry"]
+    flags = [f"precision={policy}", f"seed={seed}", f"precision.backend={backend}", "train.device=cpu",
+             "eval.before_training=false"]
     if telemetry is not None:
-        tele["enabled"] = telemetry
+        flags.append(f"precision.telemetry.enabled={str(telemetry).lower()}")
     if telemetry_every is not None:
-        tele["every"] = telemetry_every
-    device = recipe.setup_runtime(recipe.RuntimeSettings(seed, "cpu", None))  # threads: the caller's
-    paths = embedded_paths()
-    if hidden is None:
-        model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
-    else:
-        model, tokenizer = wide_model(paths.model_dir, hidden, layers)
-    config = resolve_train_keys(config, tokenizer, paths.data_dir, paths.model_dir)  # train.max_seq_len: null -> from the data
-    model = attach_lora(model, config["lora"], seed)
-    train_data = recipe.setup_data(config["data"], config["train"]["max_seq_len"], tokenizer, paths.data_dir)
-    base_norms = base_weight_norms(model) if health else None  # before the backend converts the base layers
-    pol, telem = recipe.setup_policy(recipe.PrecisionSettings.from_config(config["precision"]))
-    choice, handle = recipe.setup_backend(model, pol, telem, backend, device)
-    built = recipe.Trial(device, model, tokenizer, train_data, pol, telem, choice, handle,
-                         AdapterProbe(model, base_norms) if health else None, PeakMemory(device),
-                         recipe.loop_settings(config["train"], tele), int(config["train"]["batch_size"]), seed, {})
-    if calibrate:
-        recipe.calibrate(built)
-    else:
-        model.train()
-    trial = InProcessTrial(name or policy, model, handle, telem, built.settings, train_data, built.batch_size, seed, device)
+        flags.append(f"precision.telemetry.every={telemetry_every}")
+    if hidden is not None:
+        flags.append(f"model.name_or_path={wide_model_folder(hidden, layers)}")
+    config = default_config([*flags, *(overrides or [])])
+    config["train"]["num_threads"] = None  # threads: the caller's (the benchmarks set one)
+    built = recipe.setup(config)
+    trial = InProcessTrial(name or policy, built.model, built.handle, built.telemetry, built.settings, built.train_data,
+                           built.batch_size, seed, built.device)
     if health:
         rules = HealthRules.from_config(config["health"]["rules"])
-        trial.health = HealthMonitor(built.probe, handle, rules, step=0, early_stop=False)
+        trial.health = HealthMonitor(AdapterProbe(built.model, built.base_norms), built.handle, rules, step=0,
+                                     early_stop=False)
     return trial
 
 
-def wide_model(model_dir: Path, hidden: int, layers: int | None = None) -> tuple[Any, Any]:
-    """The embedded architecture at width ``hidden`` (intermediate 4x, head_dim 64), random
-    init in BF16, with the embedded tokenizer: the wider model of the FP8-emulation benchmark."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+_WIDE_MODELS: dict[tuple[int, int | None], Path] = {}
 
-    cfg = AutoConfig.from_pretrained(model_dir)
-    cfg.hidden_size = hidden
-    cfg.intermediate_size = 4 * hidden
-    cfg.head_dim = 64
-    cfg.num_attention_heads = cfg.num_key_value_heads = max(1, hidden // 64)
-    if layers is not None:
-        cfg.num_hidden_layers = layers
-    cfg.use_cache = False
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+
+def wide_model_folder(hidden: int, layers: int | None = None) -> Path:
+    """A model folder of the embedded architecture at width ``hidden`` (intermediate 4x, head_dim
+    64, ``layers`` layers if given), random init (seed 0) in BF16, with the embedded tokenizer:
+    the wider model of the FP8-emulation benchmark. Written once per process, removed at exit."""
+    key = (hidden, layers)
+    if key not in _WIDE_MODELS:
+        import atexit
+        import shutil
+        import tempfile
+
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        from workloads.embedded.paths import embedded_paths
+
+        model_dir = embedded_paths().model_dir
+        cfg = AutoConfig.from_pretrained(model_dir)
+        cfg.hidden_size = hidden
+        cfg.intermediate_size = 4 * hidden
+        cfg.head_dim = 64
+        cfg.num_attention_heads = cfg.num_key_value_heads = max(1, hidden // 64)
+        if layers is not None:
+            cfg.num_hidden_layers = layers
+        cfg.use_cache = False
+        torch.manual_seed(0)
+        folder = Path(tempfile.mkdtemp(prefix=f"fp8lab-wide-{hidden}-"))
+        atexit.register(shutil.rmtree, folder, True)
+        AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(model_dir).save_pretrained(folder)
+        _WIDE_MODELS[key] = folder
+    return _WIDE_MODELS[key]
 
 
 def free_memory() -> None:

@@ -160,11 +160,11 @@ def data_plan(config: dict[str, Any]) -> tuple[dict[str, int], list[str]]:
 
 def _measured_plan(config: dict[str, Any], paths: Any) -> tuple[dict[str, int], list[str]]:
     from workloads.data.chat_template import training_tokenizer
-    from workloads.data.lengths import load_data_plan
+    from workloads.data.lengths import load_data_plan, model_positions
 
     try:
         tokenizer = training_tokenizer(config["model"], config["data"], paths.model_dir)
-        plan = load_data_plan(config, tokenizer, paths.data_dir, paths.model_dir)
+        plan = load_data_plan(config, tokenizer, paths.data_dir, model_positions(config["model"], paths.model_dir))
     except ValueError as exc:  # a row the chat template cannot render: one line from formats
         return {}, [str(exc)]
     return plan.overrides(), [plan.problem] if plan.problem else []

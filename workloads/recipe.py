@@ -30,7 +30,7 @@ from fp8lab_conf.contracts import (
 from workloads.data import load as data_mod
 from workloads.data.chat_template import apply_chat_template_override
 from workloads.data.heldout import load_heldout
-from workloads.data.lengths import loss_every_steps, measure, resolve_train_keys
+from workloads.data.lengths import config_positions, loss_every_steps, measure, resolve_train_keys
 from workloads.embedded.paths import embedded_paths
 from workloads.eval.heldout import curve_hook, heldout_loss
 from workloads.eval.metrics import eval_aggregate
@@ -38,8 +38,8 @@ from workloads.eval.score import score_tasks
 from workloads.export.adapter import ADAPTER_ARTIFACT, save_adapter
 from workloads.health.monitor import HealthMonitor, verdict_step
 from workloads.health.rules import HealthRules
-from workloads.health.signals import AdapterProbe, base_weight_norms
-from workloads.model.loading import attach_lora, load_base_model
+from workloads.health.signals import AdapterProbe
+from workloads.model.loading import attach_lora, base_weight_norms, load_base_model
 from workloads.precision.backends import apply_backend, select_backend
 from workloads.precision.policy import PrecisionPolicy, get_policy
 from workloads.precision.scaled_mm import enable_scaled_mm
@@ -116,6 +116,18 @@ def loop_settings(train_cfg: dict[str, Any], telemetry_cfg: dict[str, Any]) -> L
 
 
 # -- what setup leaves ready to train ---------------------------------------------------------
+@dataclass(frozen=True)
+class TrialData:
+    """What the data stage leaves: the tokenized training rows, the held-out rows of `eval/loss`
+    (tokenized like them, or None), what the limit cuts (`data/*`: logged, so a cut is never
+    silent) and the loss curve's cadence in optimizer steps (`eval.loss_every`)."""
+
+    train: data_mod.TokenizedData
+    heldout: Any
+    metrics: dict[str, float]
+    loss_every: int
+
+
 @dataclass
 class Trial:
     """A trial as ``setup`` leaves it: everything the loop, evaluation and recording need."""
@@ -128,24 +140,23 @@ class Trial:
     telemetry: Fp8Telemetry
     choice: Any
     handle: Any
-    probe: AdapterProbe | None  # None: no health signals (a benchmark without them)
+    base_norms: dict[str, float]  # ||W_base|| of each LoRA layer before conversion (the health signals' scale)
     memory: PeakMemory
     settings: LoopSettings
     batch_size: int
     seed: int
     base_metrics: dict[str, float]
-    heldout: Any = None  # the held-out rows of `eval/loss` (tokenized like the training rows), or None
+    data: TrialData
+
+    @property
+    def heldout(self) -> Any:
+        return self.data.heldout
 
     def batches(self, start_step: int = 0) -> Any:
         """The training batches after ``start_step`` (deterministic in seed and step): each one
         an optimizer step's rows, ``train.grad_accum`` micro-batches of ``batch_size``."""
         return data_mod.batches(self.train_data, self.batch_size * self.settings.grad_accum, self.settings.steps,
                                 self.seed, start_step)
-
-    def data_metrics(self) -> dict[str, float]:
-        """The limit trained with and what it cut (`data/*`): logged, so a cut is never silent."""
-        lengths = self.train_data.lengths or []
-        return measure(lengths, int(self.train_data.input_ids.shape[1])).metrics() if lengths else {}
 
 
 class SetupHooks(Protocol):
@@ -202,43 +213,34 @@ def run(config: dict[str, Any], hooks: RunHooks, checkpointer: Checkpointer | No
     so a worker killed during evaluation resumes after training instead of training again."""
     trial = setup(config, hooks)
     health = HealthSettings.from_config(config["health"], config["sweep"].get("early_stop", False))
-    faults = FaultInjector(config.get("fault"))
-    trained, train_scores = train(trial, config["train"], health, faults, config["eval"], hooks, checkpointer, progress)
-    scores = None
-    if trained.status == "FINISHED":
-        faults.before_eval()
-        scores = evaluate(trial, config["eval"], config["data"]["path"])
+    trained, train_scores = train(trial, config["train"], health, config.get("fault"), config["eval"], hooks,
+                                  checkpointer, progress)
+    scores = evaluate(trial, config["eval"], config["data"]["path"]) if trained.status == "FINISHED" else None
     return export(trial, trained, {**trial.base_metrics, **train_scores}, scores,
                   bool(config["tracking"].get("log_adapter", True)))
 
 
 def setup(config: dict[str, Any], hooks: SetupHooks | None = None) -> Trial:
-    """The stages of a trial, in order. ``hooks`` see the device once chosen, the training rows
-    before tokenization (the run's dataset input), and the trial once its backend is applied
-    (what ran), before calibration."""
+    """The stages of a trial, in order: runtime, model, data, the base model's scores, precision,
+    health. ``hooks`` see the device once chosen, the training rows before tokenization (the run's
+    dataset input), and the trial once its backend is applied (what ran), before calibration."""
     seed = int(config["seed"])
     device = setup_runtime(RuntimeSettings.from_config(config["train"], seed))
     if hooks is not None:
         hooks.on_device(device)
     paths = embedded_paths()
-    memory = PeakMemory(device)
-    model, tokenizer = load_base_model(config["model"], paths.model_dir, device)
-    tokenizer = apply_chat_template_override(tokenizer, config["data"])
-    config = resolve_train_keys(config, tokenizer, paths.data_dir, paths.model_dir)  # no-op once preflight did it
-    model = attach_lora(model, config["lora"], seed)  # seeds its own draws: the data stage draws none
-    train_data = setup_data(config["data"], int(config["train"]["max_seq_len"]), tokenizer, paths.data_dir,
-                            hooks.on_rows if hooks is not None else None)
-    heldout = load_heldout(config["data"], config["eval"], int(config["train"]["max_seq_len"]), tokenizer, paths.data_dir)
-    base_norms = base_weight_norms(model)  # before the backend converts base layers: their BF16 norms
-    precision = PrecisionSettings.from_config(config["precision"])
-    policy, telemetry = setup_policy(precision)
+    memory = PeakMemory(device)  # before the model loads: the trial's peak is what it adds
+    model, tokenizer, base_norms = setup_model(config["model"], config["lora"], paths.model_dir, device, seed)
+    config, data = setup_data(config, tokenizer, config_positions(model.config), paths.data_dir,
+                              hooks.on_rows if hooks is not None else None)
     base_metrics = (score_tasks(model, tokenizer, config["eval"], config["data"]["path"], device, prefix="eval/base_")[0]
                     if config["eval"]["before_training"] else {})
+    precision = PrecisionSettings.from_config(config["precision"])
+    policy, telemetry = setup_policy(precision)
     choice, handle = setup_backend(model, policy, telemetry, precision.backend, device, precision.gemm)
-    trial = Trial(device, model, tokenizer, train_data, policy, telemetry, choice, handle,
-                  AdapterProbe(model, base_norms),  # after the backend: it watches what the optimizer updates
-                  memory, loop_settings(config["train"], config["precision"]["telemetry"]),
-                  int(config["train"]["batch_size"]), seed, base_metrics, heldout)
+    trial = Trial(device, model, tokenizer, data.train, policy, telemetry, choice, handle, base_norms, memory,
+                  loop_settings(config["train"], config["precision"]["telemetry"]), int(config["train"]["batch_size"]),
+                  seed, base_metrics, data)
     if hooks is not None:
         hooks.on_precision(trial)
     calibrate(trial)
@@ -262,13 +264,34 @@ def device_name(device: torch.device) -> str:
     return "cpu"
 
 
-def setup_data(data_cfg: dict[str, Any], max_seq_len: int, tokenizer: Any, embedded_dir: Path,
-               on_rows: Callable[[Any, Path], None] | None = None) -> data_mod.TokenizedData:
-    """The training split, tokenized; ``on_rows`` sees the rows first (the run's dataset input)."""
+def setup_model(model_cfg: dict[str, Any], lora_cfg: dict[str, Any], embedded_model_dir: Path, device: torch.device,
+                seed: int) -> tuple[Any, Any, dict[str, float]]:
+    """(the base model with fresh LoRA adapters, its tokenizer, its base layers' norms) before any
+    precision backend touches it: the norms are the BF16 weights' (the health signals' scale)."""
+    model, tokenizer = load_base_model(model_cfg, embedded_model_dir, device)
+    model = attach_lora(model, lora_cfg, seed)  # seeds its own draws: the data stage draws none
+    return model, tokenizer, base_weight_norms(model)
+
+
+def setup_data(config: dict[str, Any], tokenizer: Any, positions: int | None, embedded_dir: Path,
+               on_rows: Callable[[Any, Path], None] | None = None) -> tuple[dict[str, Any], TrialData]:
+    """(``config`` with the ``train`` keys its data decides filled in, the data the trial uses):
+    the chat template, the training split tokenized (``on_rows`` sees the rows first: the run's
+    dataset input), the held-out rows, what the limit cuts and the loss curve's cadence."""
+    tokenizer = apply_chat_template_override(tokenizer, config["data"])
+    config = resolve_train_keys(config, tokenizer, embedded_dir, positions)  # no-op once preflight did it
+    data_cfg, train_cfg, eval_cfg = config["data"], config["train"], config["eval"]
+    max_seq_len = int(train_cfg["max_seq_len"])
     rows = data_mod.load_training_rows(data_cfg, embedded_dir)
     if on_rows is not None:
         on_rows(rows, embedded_dir)
-    return data_mod.tokenize_rows(rows, data_cfg, tokenizer, max_seq_len)
+    train = data_mod.tokenize_rows(rows, data_cfg, tokenizer, max_seq_len)
+    heldout = load_heldout(data_cfg, eval_cfg, max_seq_len, tokenizer, embedded_dir)
+    lengths = train.lengths or []
+    metrics = measure(lengths, int(train.input_ids.shape[1])).metrics() if lengths else {}
+    loss_every = loss_every_steps(eval_cfg["loss_every"], len(train), int(train_cfg["batch_size"]),
+                                  int(train_cfg.get("grad_accum") or 1))
+    return config, TrialData(train, heldout, metrics, loss_every)
 
 
 def setup_policy(precision: PrecisionSettings) -> tuple[PrecisionPolicy, Fp8Telemetry]:
@@ -304,8 +327,9 @@ def setup_health(health: HealthSettings, trial: Trial, reference: Callable[[int]
     step, note = verdict_step(health.at, trial.settings.steps, trial.settings.log_every, trial.settings.telemetry_every)
     if note:
         log.info("health: %s", note)
-    return HealthMonitor(trial.probe, trial.handle, HealthRules.from_config(health.rules), step,
-                         health.early_stop, reference, logger)
+    probe = AdapterProbe(trial.model, trial.base_norms)  # after the backend: it watches what the optimizer updates
+    return HealthMonitor(probe, trial.handle, HealthRules.from_config(health.rules), step, health.early_stop, reference,
+                         logger)
 
 
 def setup_checkpointer(train_cfg: dict[str, Any], trial_id: str, run_id: str) -> Checkpointer | None:
@@ -318,20 +342,26 @@ def setup_checkpointer(train_cfg: dict[str, Any], trial_id: str, run_id: str) ->
     return Checkpointer(root / trial_id, every, run_id)
 
 
-def train(trial: Trial, train_cfg: dict[str, Any], health: HealthSettings, faults: FaultInjector,
+def train(trial: Trial, train_cfg: dict[str, Any], health: HealthSettings, fault_cfg: dict[str, Any] | None,
           eval_cfg: dict[str, Any], hooks: RunHooks, checkpointer: Checkpointer | None = None,
           progress: ProgressFn | None = None) -> tuple[TrainResult, dict[str, float]]:
-    """The training loop with what watches it (injected faults, checkpoints, the health monitor,
-    the held-out loss curve): (the loop's result, its metrics with the load around it)."""
+    """The training loop with what watches it (the health monitor, injected faults, checkpoints,
+    the held-out loss curve): (the loop's result, its metrics with the load around it). A fault
+    set for evaluation (``fault.kind=kill_in_eval``) fires as a finished training hands over."""
     if checkpointer:
         hooks.flush_at_checkpoints()
+    curve = loss_curve(trial, eval_cfg)
     monitor = setup_health(health, trial, hooks.reference(health.reference_policy), hooks.logger)
+    faults = FaultInjector(fault_cfg)
     load_start = load_average()
     result = run_training(trial.model, trial.handle, trial.telemetry, trial.batches, trial.settings, hooks.logger,
                           progress, before_step=faults.before_step, checkpointer=checkpointer, health=monitor,
-                          heldout=loss_curve(trial, eval_cfg))
+                          heldout=curve)
     hooks.logger.flush()  # training's metrics are in the store before evaluation, which can take minutes
-    return result, {**train_metrics(result, trial), METRIC_LOADAVG_START: load_start, METRIC_LOADAVG_END: load_average()}
+    if result.status == "FINISHED":
+        faults.before_eval()
+    load_end = load_average()
+    return result, {**train_metrics(result, trial), METRIC_LOADAVG_START: load_start, METRIC_LOADAVG_END: load_end}
 
 
 def train_metrics(train: TrainResult, trial: Trial) -> dict[str, float]:
@@ -347,14 +377,14 @@ def train_metrics(train: TrainResult, trial: Trial) -> dict[str, float]:
         METRIC_UNDERFLOW_EVENTS: float(train.underflow_events),
         "memory/peak_bytes": float(trial.memory.peak_bytes()),
         "memory/base_weight_bytes": float(trial.handle.base_weight_bytes()),
-        **trial.data_metrics(),
+        **trial.data.metrics,
     }
 
 
 def loss_curve(trial: Trial, eval_cfg: dict[str, Any]) -> Callable[[int], dict[str, float]] | None:
     """The training loop's hook for the `eval/loss` curve every ``eval.loss_every`` steps."""
-    every = loss_every_steps(eval_cfg["loss_every"], len(trial.train_data), trial.batch_size, trial.settings.grad_accum)
-    return curve_hook(trial.model, trial.heldout, every, int(eval_cfg["batch_size"]), trial.device, trial.handle)
+    return curve_hook(trial.model, trial.heldout, trial.data.loss_every, int(eval_cfg["batch_size"]), trial.device,
+                      trial.handle)
 
 
 def heldout_metrics(trial: Trial, eval_cfg: dict[str, Any]) -> tuple[dict[str, float], list[dict[str, float]]]:

@@ -140,36 +140,42 @@ def plan_data(config: dict[str, Any], lengths: list[int], positions: int | None)
 
 
 def model_positions(model_cfg: dict[str, Any], embedded_model_dir: Any) -> int | None:
-    """The model's position limit (`max_position_embeddings` / `n_positions` of its config)."""
+    """The model's position limit, read from its folder's config (before any weights load)."""
     from transformers import AutoConfig
 
     from workloads.model.loading import resolve_model_path
 
     path = resolve_model_path(model_cfg["name_or_path"], embedded_model_dir)
-    cfg = AutoConfig.from_pretrained(path, trust_remote_code=bool(model_cfg.get("trust_remote_code")))
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    trust = bool(model_cfg.get("trust_remote_code"))
+    return config_positions(AutoConfig.from_pretrained(path, trust_remote_code=trust))
+
+
+def config_positions(hf_config: Any) -> int | None:
+    """`max_position_embeddings` / `n_positions` of a transformers config (its text part)."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     return int(positions) if positions else None
 
 
-def load_data_plan(config: dict[str, Any], tokenizer: Any, embedded_dir: Any, embedded_model_dir: Any,
+def load_data_plan(config: dict[str, Any], tokenizer: Any, embedded_dir: Any, positions: int | None,
                    rows: Any = None) -> DataPlan:
-    """`plan_data` over the configured training rows (loaded unless given) and model."""
+    """`plan_data` over the configured training rows (loaded unless given), for a model of
+    `positions` positions (`model_positions` before the model loads, `config_positions` after)."""
     from workloads.data.load import load_training_rows
 
     rows = load_training_rows(config["data"], embedded_dir) if rows is None else rows
-    lengths = row_lengths(rows, config["data"], tokenizer)
-    return plan_data(config, lengths, model_positions(config["model"], embedded_model_dir))
+    return plan_data(config, row_lengths(rows, config["data"], tokenizer), positions)
 
 
-def resolve_train_keys(config: dict[str, Any], tokenizer: Any, embedded_dir: Any, embedded_model_dir: Any) -> dict[str, Any]:
+def resolve_train_keys(config: dict[str, Any], tokenizer: Any, embedded_dir: Any,
+                       positions: int | None) -> dict[str, Any]:
     """`config` with `train.max_seq_len` / `train.steps` filled from the data when null (the
     orchestrator's preflight normally did this already; a benchmark or a direct call did not).
     Raises ValueError with the refusal line when the limit cuts too much."""
     train = config["train"]
     if train.get("max_seq_len") and train.get("steps"):
         return config
-    plan = load_data_plan(config, tokenizer, embedded_dir, embedded_model_dir)
+    plan = load_data_plan(config, tokenizer, embedded_dir, positions)
     if plan.problem:
         raise ValueError(plan.problem)
     return {**config, "train": {**train, **plan.overrides()}}

@@ -15,7 +15,7 @@ from typing import Any
 
 from workloads.data.chat_template import training_tokenizer
 from workloads.data.formats import detect_format
-from workloads.data.lengths import DataPlan, load_data_plan
+from workloads.data.lengths import DataPlan, load_data_plan, model_positions
 from workloads.data.load import load_training_rows, tokenize_rows
 
 
@@ -59,7 +59,7 @@ def preview(config: dict[str, Any], n_rows: int, start: int, embedded_dir: Path,
     datasets.disable_progress_bars()  # a preview prints the rows, not datasets' progress
     tokenizer = training_tokenizer(config["model"], config["data"], embedded_model_dir)
     rows = load_training_rows(config["data"], embedded_dir)
-    plan = load_data_plan(config, tokenizer, embedded_dir, embedded_model_dir, rows=rows)
+    plan = load_data_plan(config, tokenizer, embedded_dir, model_positions(config["model"], embedded_model_dir), rows=rows)
     chosen = rows.select(range(min(start, len(rows)), min(start + n_rows, len(rows))))
     data = tokenize_rows(chosen, config["data"], tokenizer, plan.max_seq_len)
     shown = [_row(start + i, data, i, tokenizer) for i in range(len(data))]

@@ -48,29 +48,19 @@ class _Group:
         return cls(adapters, torch.stack([x.a0 for x in adapters]), torch.stack([x.b0 for x in adapters]), scale)
 
 
-def base_weight_norms(model: nn.Module) -> dict[str, float]:
-    """||W_base||_F of every LoRA layer, by module name. Take them before the precision backend
-    converts the base layers (an FP8-stored weight is no longer a plain high-precision tensor)."""
-    norms = {}
-    for name, module in model.named_modules():
-        weight = getattr(module.get_base_layer(), "weight", None) if _is_lora_layer(module) else None
-        if isinstance(weight, torch.Tensor):
-            norms[name] = float(torch.linalg.vector_norm(weight.detach().float()))
-    return norms
-
-
 class AdapterProbe:
     """Keeps a detached copy of every adapter's initial weights and measures it against them.
 
     Build it after the precision backend is applied (the backend may replace the LoRA
     parameters, e.g. by FP32 masters: the probe must watch the ones the optimizer updates), with
-    the base norms taken before it (`base_weight_norms`)."""
+    the base norms the model stage took before it (`workloads.model.loading.base_weight_norms`)."""
 
-    def __init__(self, model: nn.Module, base_norms: dict[str, float] | None = None) -> None:
-        norms = base_weight_norms(model) if base_norms is None else base_norms
+    def __init__(self, model: nn.Module, base_norms: dict[str, float]) -> None:
         by_shape: dict[tuple[Any, ...], list[_Adapter]] = {}
         for name, module in model.named_modules():
-            for adapter in _adapters_of(module, norms.get(name, 1.0)):
+            if name not in base_norms:  # the LoRA layers are the ones the model stage measured
+                continue
+            for adapter in _adapters_of(module, base_norms[name]):
                 key = (tuple(adapter.a.shape), tuple(adapter.b.shape), adapter.a.device)
                 by_shape.setdefault(key, []).append(adapter)
         if not by_shape:
@@ -100,15 +90,8 @@ def host_signals(handle: Any) -> dict[str, float]:
     return {} if scaler is None else {METRIC_HEALTH_SKIPS: float(scaler.skipped_steps)}
 
 
-def _is_lora_layer(module: nn.Module) -> bool:
-    return (isinstance(getattr(module, "lora_A", None), nn.ModuleDict)
-            and isinstance(getattr(module, "lora_B", None), nn.ModuleDict) and hasattr(module, "get_base_layer"))
-
-
 def _adapters_of(module: nn.Module, base_norm: float) -> list[_Adapter]:
-    """The (A, B) pairs of one PEFT LoRA layer (one per adapter name), else []."""
-    if not _is_lora_layer(module):
-        return []
+    """The (A, B) pairs of one PEFT LoRA layer (one per adapter name)."""
     lora_a, lora_b = module.lora_A, module.lora_B
     out = []
     for name, a_mod in lora_a.items():

@@ -55,6 +55,24 @@ def attach_lora(model: Any, lora_cfg: dict[str, Any], seed: int) -> Any:
     return get_peft_model(model, config)
 
 
+def base_weight_norms(model: Any) -> dict[str, float]:
+    """||W_base||_F of every LoRA layer, by module name (the health signals' adapter movement is
+    relative to it). Taken by the model stage, before the precision backend converts the base
+    layers: an FP8-stored weight is no longer a plain high-precision tensor."""
+    norms = {}
+    for name, module in model.named_modules():
+        weight = getattr(module.get_base_layer(), "weight", None) if is_lora_layer(module) else None
+        if isinstance(weight, torch.Tensor):
+            norms[name] = float(torch.linalg.vector_norm(weight.detach().float()))
+    return norms
+
+
+def is_lora_layer(module: Any) -> bool:
+    """A PEFT LoRA layer: ``lora_A`` / ``lora_B`` module dicts around a base layer."""
+    return (isinstance(getattr(module, "lora_A", None), torch.nn.ModuleDict)
+            and isinstance(getattr(module, "lora_B", None), torch.nn.ModuleDict) and hasattr(module, "get_base_layer"))
+
+
 def meta_model(model_cfg: dict[str, Any]) -> Any | None:
     """The model's module structure without its weights (meta device: no memory, no file reads
     beyond config.json), for checks before training; None for the embedded model (a Llama)."""

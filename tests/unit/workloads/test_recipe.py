@@ -2,6 +2,7 @@
 hands back plain values; it writes nothing itself (what it records goes through the hooks)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -59,7 +60,13 @@ def test_run_is_the_whole_trial(tmp_path: Path) -> None:
     config = default_config(["precision=fp8_naive", "train.steps=2", "train.batch_size=2", "train.log_every=1",
                              "train.num_threads=1", "eval.limit=1", "eval.before_training=true", "eval.loss_rows=2"])
     hooks = _Hooks()
-    outcome = recipe.run(config, hooks)
+    with _stages_called_by_the_spine() as stages:
+        outcome = recipe.run(config, hooks)
+    # the stages in order: runtime (embedded paths, the memory baseline), model, data, the base
+    # model's score (eval), precision (its calibration reads batches from data), the loss-curve
+    # hook (eval), health and train, the converted weights' bytes (precision), the final scores
+    assert stages == ["embedded", "train", "model", "data", "eval", "precision", "data", "precision", "eval", "health",
+                      "train", "precision", "eval"], stages
     assert hooks.calls == ["device", "rows", "precision", f"reference:{config['health']['reference_policy']}"]
     assert hooks.logger.steps[:2] == [1, 2]
     assert (outcome.status, outcome.reason, outcome.steps_done, outcome.diverged_step) == ("FINISHED", "", 2, None)
@@ -68,6 +75,30 @@ def test_run_is_the_whole_trial(tmp_path: Path) -> None:
     assert outcome.scores is not None and len(outcome.scores.heldout_rows) == 2 and outcome.scores.aggregate == "mean"
     name, save = outcome.adapter
     assert name == "adapter" and (save(tmp_path / name) / "adapter_config.json").is_file()
+
+
+class _stages_called_by_the_spine:
+    """The workloads packages that ``recipe.py`` calls into, in order, repeats collapsed (a
+    profile hook: only calls made from a frame of recipe.py, into a package's module)."""
+
+    def __enter__(self) -> list[str]:
+        self.stages: list[str] = []
+        spine, root = recipe.__file__, Path(recipe.__file__).parent
+
+        def hook(frame, event, _arg) -> None:
+            if event != "call" or frame.f_back is None or frame.f_back.f_code.co_filename != spine:
+                return
+            path = Path(frame.f_code.co_filename)
+            if path.is_relative_to(root) and len(path.relative_to(root).parts) > 1:
+                package = path.relative_to(root).parts[0]
+                if not self.stages or self.stages[-1] != package:
+                    self.stages.append(package)
+
+        sys.setprofile(hook)
+        return self.stages
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(None)
 
 
 @pytest.mark.parametrize(("status", "reason", "stopped", "kept"), [

@@ -16,6 +16,7 @@ from fp8lab_conf.contracts import (METRIC_HEALTH_LOSS_VS_REF, METRIC_HEALTH_MOVE
 from workloads.health.monitor import HealthMonitor, verdict_step
 from workloads.health.rules import HealthRules, rule_problems
 from workloads.health.signals import AdapterProbe
+from workloads.model.loading import base_weight_norms
 
 DEFAULT_RULES = Path(__file__).parents[4] / "conf" / "health" / "default.yaml"
 
@@ -58,7 +59,7 @@ def _signals(probe: AdapterProbe, **extra: float) -> dict[str, float]:
 
 def test_frozen_adapters_are_doomed(rules: HealthRules) -> None:
     model = _lora_model()
-    probe = AdapterProbe(model)
+    probe = AdapterProbe(model, base_weight_norms(model))
     signals = _signals(probe)  # no step taken: lora_B is still exactly zero
     assert signals[METRIC_HEALTH_MOVEMENT_MIN] == 0.0 and signals[METRIC_HEALTH_STD_MIN] == 0.0
     verdict = rules.judge(20, signals)
@@ -70,7 +71,7 @@ def test_frozen_adapters_are_doomed(rules: HealthRules) -> None:
 
 def test_healthy_run_moves_its_adapters_and_is_healthy(rules: HealthRules) -> None:
     model = _lora_model()
-    probe = AdapterProbe(model)
+    probe = AdapterProbe(model, base_weight_norms(model))
     _train(model, 5, 1e-3)
     signals = _signals(probe, **{METRIC_HEALTH_LOSS_VS_REF: 1.02, "telemetry/activation/overflow_pct": 0.0,
                                  "telemetry/dgrad/underflow_pct": 1.0})
@@ -83,7 +84,7 @@ def test_movement_is_the_relative_change_of_the_adapted_weight() -> None:
     model = _lora_model()
     layer = model.base_model.model.up
     a0, b0 = layer.lora_A["default"].weight.detach().clone(), layer.lora_B["default"].weight.detach().clone()
-    probe = AdapterProbe(model)
+    probe = AdapterProbe(model, base_weight_norms(model))
     _train(model, 3, 1e-2)
     a, b = layer.lora_A["default"].weight.detach(), layer.lora_B["default"].weight.detach()
     down = model.base_model.model.down
@@ -98,7 +99,7 @@ def test_movement_is_the_relative_change_of_the_adapted_weight() -> None:
 
 def test_saturating_activations_put_a_moving_run_at_risk(rules: HealthRules) -> None:
     model = _lora_model()
-    probe = AdapterProbe(model)
+    probe = AdapterProbe(model, base_weight_norms(model))
     _train(model, 3, 1e-3)
     verdict = rules.judge(20, _signals(probe, **{"telemetry/activation/overflow_pct": 4.0}))
     assert verdict.verdict == "at_risk"
@@ -107,7 +108,7 @@ def test_saturating_activations_put_a_moving_run_at_risk(rules: HealthRules) -> 
 
 def test_loss_far_above_the_reference_or_not_finite_is_doomed(rules: HealthRules) -> None:
     model = _lora_model()
-    probe = AdapterProbe(model)
+    probe = AdapterProbe(model, base_weight_norms(model))
     _train(model, 3, 1e-3)
     assert rules.judge(20, _signals(probe, **{METRIC_HEALTH_LOSS_VS_REF: 3.0})).verdict == "doomed"
     assert rules.judge(20, _signals(probe, **{METRIC_HEALTH_LOSS_VS_REF: 1.5})).verdict == "at_risk"
@@ -126,7 +127,8 @@ class _Tags:
 def test_monitor_judges_once_at_its_step_tags_the_run_and_stops_only_when_allowed(rules: HealthRules) -> None:
     model = _lora_model()
     logger = _Tags()
-    monitor = HealthMonitor(AdapterProbe(model), handle=None, rules=rules, step=20, early_stop=True,
+    probe = AdapterProbe(model, base_weight_norms(model))
+    monitor = HealthMonitor(probe, handle=None, rules=rules, step=20, early_stop=True,
                             reference=lambda step: 2.0, logger=logger)
     metrics = {"train/loss": 9.0, **{k: float(v) for k, v in monitor.device_signals().items()}}
     assert monitor.observe(10, dict(metrics)) is None
@@ -134,7 +136,8 @@ def test_monitor_judges_once_at_its_step_tags_the_run_and_stops_only_when_allowe
     assert metrics[METRIC_HEALTH_LOSS_VS_REF] == 4.5 and metrics["health/ref_loss"] == 2.0
     assert verdict.verdict == "doomed" and monitor.stops(verdict)
     assert logger.tags["fp8lab.health.verdict"] == "doomed" and logger.tags["fp8lab.health.step"] == 20
-    assert not HealthMonitor(AdapterProbe(model), None, rules, 20, early_stop=False).stops(verdict)
+    probe = AdapterProbe(model, base_weight_norms(model))
+    assert not HealthMonitor(probe, None, rules, 20, early_stop=False).stops(verdict)
 
 
 @pytest.mark.parametrize(("at", "steps", "log_every", "tele", "step", "moved"), [
