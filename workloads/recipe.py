@@ -147,6 +147,7 @@ class Trial:
     seed: int
     base_metrics: dict[str, float]
     data: TrialData
+    base_weight_bytes: int  # the frozen linears as the backend stores them (fixed from conversion on)
 
     @property
     def heldout(self) -> Any:
@@ -240,7 +241,7 @@ def setup(config: dict[str, Any], hooks: SetupHooks | None = None) -> Trial:
     choice, handle = setup_backend(model, policy, telemetry, precision.backend, device, precision.gemm)
     trial = Trial(device, model, tokenizer, data.train, policy, telemetry, choice, handle, base_norms, memory,
                   loop_settings(config["train"], config["precision"]["telemetry"]), int(config["train"]["batch_size"]),
-                  seed, base_metrics, data)
+                  seed, base_metrics, data, handle.base_weight_bytes())
     if hooks is not None:
         hooks.on_precision(trial)
     calibrate(trial)
@@ -376,7 +377,7 @@ def train_metrics(train: TrainResult, trial: Trial) -> dict[str, float]:
         METRIC_STEPS_DONE: float(train.steps_done),
         METRIC_UNDERFLOW_EVENTS: float(train.underflow_events),
         "memory/peak_bytes": float(trial.memory.peak_bytes()),
-        "memory/base_weight_bytes": float(trial.handle.base_weight_bytes()),
+        "memory/base_weight_bytes": float(trial.base_weight_bytes),
         **trial.data.metrics,
     }
 

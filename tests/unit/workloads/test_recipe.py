@@ -64,9 +64,9 @@ def test_run_is_the_whole_trial(tmp_path: Path) -> None:
         outcome = recipe.run(config, hooks)
     # the stages in order: runtime (embedded paths, the memory baseline), model, data, the base
     # model's score (eval), precision (its calibration reads batches from data), the loss-curve
-    # hook (eval), health and train, the converted weights' bytes (precision), the final scores
+    # hook (eval), health and train, the final scores
     assert stages == ["embedded", "train", "model", "data", "eval", "precision", "data", "precision", "eval", "health",
-                      "train", "precision", "eval"], stages
+                      "train", "eval"], stages
     assert hooks.calls == ["device", "rows", "precision", f"reference:{config['health']['reference_policy']}"]
     assert hooks.logger.steps[:2] == [1, 2]
     assert (outcome.status, outcome.reason, outcome.steps_done, outcome.diverged_step) == ("FINISHED", "", 2, None)
