@@ -135,7 +135,6 @@ class Trial:
     device: torch.device
     model: Any
     tokenizer: Any
-    train_data: data_mod.TokenizedData
     policy: PrecisionPolicy
     telemetry: Fp8Telemetry
     choice: Any
@@ -148,6 +147,10 @@ class Trial:
     base_metrics: dict[str, float]
     data: TrialData
     base_weight_bytes: int  # the frozen linears as the backend stores them (fixed from conversion on)
+
+    @property
+    def train_data(self) -> data_mod.TokenizedData:
+        return self.data.train
 
     @property
     def heldout(self) -> Any:
@@ -239,7 +242,7 @@ def setup(config: dict[str, Any], hooks: SetupHooks | None = None) -> Trial:
     precision = PrecisionSettings.from_config(config["precision"])
     policy, telemetry = setup_policy(precision)
     choice, handle = setup_backend(model, policy, telemetry, precision.backend, device, precision.gemm)
-    trial = Trial(device, model, tokenizer, data.train, policy, telemetry, choice, handle, base_norms, memory,
+    trial = Trial(device, model, tokenizer, policy, telemetry, choice, handle, base_norms, memory,
                   loop_settings(config["train"], config["precision"]["telemetry"]), int(config["train"]["batch_size"]),
                   seed, base_metrics, data, handle.base_weight_bytes())
     if hooks is not None:
