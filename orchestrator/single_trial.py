@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -18,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from fp8lab_conf.contracts import METRIC_ACCURACY, METRIC_ACCURACY_STDERR, METRIC_TOKENS_PER_S, RESULT_JSON, TAG_STATUS, TrialLaunch
 from orchestrator import runs
 from orchestrator.errors import UserInputError
+from orchestrator.interrupts import interrupts_raise
 from orchestrator.matrix import TrialSpec, policy_label
 from orchestrator.params import trial_params
 from orchestrator.trial_claim import TrialClaim
@@ -62,16 +62,14 @@ def _run_claimed(config: dict[str, Any], spec: TrialSpec, uri: str, client: Mlfl
     """The trial, while this process holds its claim (so `fp8lab report` can tell it is alive)."""
     run_id = runs.create_trial_run(client, experiment_id, spec, None, None, trial_params(config))
     print(f"trial {spec.run_name} ({spec.trial_id}) -> MLflow run {run_id} in {uri}", file=sys.stderr)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` is handled like Ctrl-C
     try:
-        result = run(TrialLaunch(config, spec.trial_id, run_id, uri, policy_label(config)), _printer(config["train"]["steps"]))
+        with interrupts_raise():  # `kill` is handled like Ctrl-C
+            result = run(TrialLaunch(config, spec.trial_id, run_id, uri, policy_label(config)), _printer(config["train"]["steps"]))
     except KeyboardInterrupt:
         # KILLED even if the trial, unwinding, already closed its run as FINISHED: an interrupted
         # trial is not a result (a sweep would otherwise skip it as done).
         runs.mark_killed(client, run_id, "interrupted")
         return {"status": "KILLED"}
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if config["trial"]["output"]:
         write_json_atomic(Path(config["trial"]["output"]), result)
     _print_result(result)
@@ -93,10 +91,6 @@ def _reuse_finished(client: MlflowClient, run_id: str, spec: TrialSpec, config: 
         write_json_atomic(Path(config["trial"]["output"]), result)
     _print_result(result)
     return result
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _printer(total: int):

@@ -6,8 +6,6 @@ behind. An interrupt (Ctrl-C / SIGTERM) cancels the trials and marks their runs 
 """
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from rich.live import Live
 from orchestrator import progress as progress_mod
 from orchestrator import lease as lease_mod
 from orchestrator import ray_runner, sweep_summary, runs, trial_claim
+from orchestrator.interrupts import interrupts_raise, signals_deferred
 from orchestrator.matrix import policy_label, resolved_yaml
 from orchestrator.params import trial_params
 from orchestrator.plan import SweepPlan
@@ -33,13 +32,6 @@ class SweepOutcome:
     makespan_s: float
     slots: int
     interrupted: bool = False
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM reached the driver. A KeyboardInterrupt on purpose: Ray's blocking calls
-    (ray.wait/ray.get) turn only KeyboardInterrupt raised by a signal handler into a clean
-    interrupt; any other exception comes out as a SystemError and the sweep would crash
-    instead of marking its runs KILLED."""
 
 
 def run_sweep(plan: SweepPlan, console: Any) -> SweepOutcome:
@@ -118,7 +110,7 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
             if not claims.take(index, spec):
                 continue
             config = _for_workers(spec.config)
-            with _signals_deferred():  # a run created is a run recorded (and so closed if interrupted)
+            with signals_deferred():  # a run created is a run recorded (and so closed if interrupted)
                 run_ids[spec.trial_id] = (runs.reopen_lost_run(client, experiment_id, spec.trial_id, Path(config["train"]["checkpoint_dir"]))
                                           or runs.create_trial_run(client, experiment_id, spec, plan.sweep_id, parent, trial_params(spec.config)))
                 trial = ray_runner.TrialLaunch(config, spec.trial_id, run_ids[spec.trial_id],
@@ -128,15 +120,15 @@ def _execute(plan: SweepPlan, console: Any, cluster: dict[str, Any], experiment_
                 new.append(ref)
         return new
 
-    with _signals_raise_interrupt():
-        try:
+    try:
+        with interrupts_raise():
             launch()
             _wait_with_table(plan, refs, board, results, console, launch, claims.waiting)
-        except (KeyboardInterrupt, Interrupted):
-            interrupted = True
-            _cancel(refs)
-        finally:
-            claims.release_all()
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as Interrupted
+        interrupted = True
+        _cancel(refs)
+    finally:
+        claims.release_all()
     makespan = time.time() - started
     if plan.config["sweep"].get("speed_probe") and not interrupted:
         _speed_probe(plan, client, parent, console)
@@ -226,39 +218,3 @@ def _record_failures(client: MlflowClient, run_ids: dict[str, str], results: dic
         if result["status"] == "FAILED":  # the worker's own run: a retry may have moved to a fresh attempt run
             attempt = result.get("mlflow_run_id") or run_ids[trial_id]
             runs.close_unfinished(client, list(dict.fromkeys([run_ids[trial_id], attempt])), "FAILED", result.get("reason", ""))
-
-
-class _signals_raise_interrupt:
-    """SIGTERM behaves like Ctrl-C for the duration of the sweep."""
-
-    def __enter__(self) -> None:
-        self._old = signal.signal(signal.SIGTERM, self._raise)
-
-    def __exit__(self, *exc: Any) -> None:
-        signal.signal(signal.SIGTERM, self._old)
-
-    @staticmethod
-    def _raise(signum: int, frame: Any) -> None:
-        raise Interrupted(signum)
-
-
-class _signals_deferred:
-    """Ctrl-C and SIGTERM wait until the block is done, then interrupt as usual (KeyboardInterrupt,
-    Interrupted). Around "create the trial's MLflow run, record its id, submit it": interrupted in
-    between, the run existed but no id was recorded, so the driver could not mark it KILLED and it
-    stayed RUNNING until a later driver. Outside the main thread (no signal handlers) it does nothing."""
-
-    def __enter__(self) -> None:
-        self._caught: list[int] = []
-        self._active = threading.current_thread() is threading.main_thread()
-        if self._active:
-            self._old = {sig: signal.signal(sig, lambda signum, frame: self._caught.append(signum))
-                         for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def __exit__(self, *exc: Any) -> None:
-        if not self._active:
-            return
-        for sig, handler in self._old.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        if self._caught and exc[0] is None:
-            raise KeyboardInterrupt() if self._caught[0] == signal.SIGINT else Interrupted(self._caught[0])
