@@ -8,6 +8,12 @@ import stat
 from pathlib import Path
 
 
+def cache_dir() -> Path:
+    """fp8lab's cache folder: `$XDG_CACHE_HOME/fp8lab`, else `~/.cache/fp8lab` (what it holds only
+    saves time: digests, converted models, the environment report)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fp8lab"
+
+
 def folder_is_writable(folder: Path) -> bool:
     """Really create (and remove) a file: os.access says yes to root even where writes fail."""
     probe = folder / f".fp8lab-write-probe-{os.getpid()}"

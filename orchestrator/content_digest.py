@@ -29,6 +29,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from fp8lab_conf.filesystem import cache_dir
+
 FULL_HASH_BYTES = 1 << 30
 CONTENT_KEYED_BYTES = 32 << 20  # up to this size a file is re-hashed every time (~0.1 s at most)
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
@@ -36,8 +38,7 @@ _CHUNK = 1 << 20
 
 
 def _cache_file() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "fp8lab" / "digests.json"
+    return cache_dir() / "digests.json"
 
 
 class _Cache:

@@ -140,6 +140,7 @@ def evaluate_tasks(
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
+    from workloads.eval.env_info import env_info_once
     from workloads.eval.git_hash import quiet_git_hash
 
     with _preserved_rng_state():  # building a task may draw from the global RNGs too
@@ -149,7 +150,7 @@ def evaluate_tasks(
     was_training = model.training
     model.eval()
     try:
-        with _quiet_lm_eval(), _preserved_rng_state(), quiet_git_hash():
+        with _quiet_lm_eval(), _preserved_rng_state(), quiet_git_hash(), env_info_once():
             lm = HFLM(
                 pretrained=model,
                 tokenizer=tokenizer,

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from fp8lab_conf.filesystem import cache_dir
+
 log = logging.getLogger("fp8lab.pretrained")
 
 
@@ -84,8 +86,7 @@ def cache_root() -> Path:
     explicit = os.environ.get("FP8LAB_MODEL_CACHE")
     if explicit:
         return Path(explicit).expanduser()
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "fp8lab" / "models"
+    return cache_dir() / "models"
 
 
 def file_digest(path: Path, chunk: int = 1 << 22) -> str:
