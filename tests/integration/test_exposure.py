@@ -89,6 +89,8 @@ def test_defaults_do_not_expose(tmp_path: Path) -> None:
 
 
 def test_trust_remote_code_reaches_the_loader_only_as_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import AutoTokenizer
+
     from workloads.model import loading as model_loading
 
     seen: list[bool] = []
@@ -100,7 +102,7 @@ def test_trust_remote_code_reaches_the_loader_only_as_configured(monkeypatch: py
         seen.append(kwargs.get("trust_remote_code"))
         raise _Stop
 
-    monkeypatch.setattr(model_loading.AutoTokenizer, "from_pretrained", fake_from_pretrained)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", fake_from_pretrained)
     for cfg, expected in (({"name_or_path": "x", "dtype": "float32"}, False),
                           ({"name_or_path": "x", "dtype": "float32", "trust_remote_code": False}, False),
                           ({"name_or_path": "x", "dtype": "float32", "trust_remote_code": True}, True)):

@@ -2,7 +2,10 @@
 
 Works for any HF causal LM folder or hub id; "embedded" means the model shipped with fp8lab.
 LoRA targets default to PEFT's "all-linear" rule, which finds the linears of any architecture
-(and leaves the output head alone), so nothing here assumes Llama module names.
+(and leaves the output head alone), so nothing here assumes Llama module names. PEFT and the model
+classes are imported where they are used: importing PEFT costs ~3 s of CPU (it imports
+transformers' generation and modeling code), which the preflight child, measuring the data with
+the tokenizer only, would otherwise pay on every sweep.
 """
 from __future__ import annotations
 
@@ -10,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from workloads.model.pretrained import ensure_folder, is_packaged
 
@@ -31,6 +32,8 @@ def resolve_model_path(name_or_path: str, embedded_model_dir: Path) -> str:
 
 def load_base_model(model_cfg: dict[str, Any], embedded_model_dir: Path, device: torch.device) -> tuple[Any, Any]:
     """(model, tokenizer) in the configured dtype, frozen, in eval-free train mode on `device`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     path = resolve_model_path(model_cfg["name_or_path"], embedded_model_dir)
     trust = bool(model_cfg.get("trust_remote_code", False))
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
@@ -43,6 +46,8 @@ def load_base_model(model_cfg: dict[str, Any], embedded_model_dir: Path, device:
 
 def attach_lora(model: Any, lora_cfg: dict[str, Any], seed: int) -> Any:
     """Wrap `model` with fresh LoRA adapters (seeded), only adapters trainable."""
+    from peft import LoraConfig, get_peft_model  # here, not at import: the data checks need only resolve_model_path
+
     torch.manual_seed(seed)
     targets = lora_cfg["target_modules"]
     config = LoraConfig(
@@ -78,7 +83,7 @@ def meta_model(model_cfg: dict[str, Any]) -> Any | None:
     beyond config.json), for checks before training; None for the embedded model (a Llama)."""
     if model_cfg["name_or_path"] == "embedded":
         return None
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     path = resolve_model_path(model_cfg["name_or_path"], Path("."))
     trust = bool(model_cfg.get("trust_remote_code", False))
