@@ -54,8 +54,12 @@ class interrupts_raise:
 
     def __exit__(self, *exc: Any) -> None:
         self._done.set()
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
+        try:  # the watchdog must not send a signal once the old handlers are back (SIG_DFL would kill)
+            if self._watchdog is not None:
+                self._watchdog.join()
+        finally:
+            for sig, handler in self._old.items():
+                signal.signal(sig, handler)
 
     def _raise(self, signum: int, frame: Any) -> None:
         self._last, self._raised_at = signum, time.monotonic()
@@ -69,6 +73,8 @@ class interrupts_raise:
             if _main_thread_unwinds_interrupt():
                 self._raised_at = time.monotonic()
             elif time.monotonic() - self._raised_at > RESEND_AFTER_S and self._last is not None:
+                if self._done.is_set():
+                    return
                 os.kill(os.getpid(), self._last)  # the handler raises it again (and restarts the clock)
                 self._raised_at = time.monotonic()
 

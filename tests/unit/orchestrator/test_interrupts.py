@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -53,6 +54,8 @@ def test_an_interrupt_swallowed_by_a_finalizer_is_raised_again(monkeypatch: pyte
     assert time.monotonic() - started < RESEND_AFTER_S + 1
     assert [type(exc) for exc in swallowed] == [Interrupted]  # the finalizer did swallow the first one
     assert signal.getsignal(signal.SIGTERM) == before
+    # the watchdog is gone before the old handlers are back: a late resend would meet SIG_DFL and kill
+    assert not [t for t in threading.enumerate() if t.name == "fp8lab-interrupt-watchdog"]
 
 
 def test_an_interrupt_a_library_catches_is_raised_again() -> None:
