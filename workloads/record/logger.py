@@ -4,8 +4,12 @@ The trial never creates runs: the orchestrator creates the run (parent/child lay
 tags) and hands over its id, so a retried or resumed trial writes into the run it was given.
 Metrics are buffered and written with `log_batch` (few writes, so parallel trials sharing a
 SQLite store rarely contend; MLflow also sets a 20 s SQLite busy timeout): a write when the
-buffer holds a full batch (`flush_every`, MLflow's 1000-metric cap) or when `flush_s` seconds
-have passed since the last write, whichever comes first. Time, not a small count, sets the pace
+buffer holds a full batch (`flush_every`, MLflow's 1000-metric cap) or when its oldest metric
+has waited `flush_s` seconds, whichever comes first. The clock starts with the first metric
+buffered after a write (or after a failed write), not at the last write: a first logged step that
+comes long after the run started (model build, data loading under load) still waits its turn, so
+whether a worker killed a step later left a metric history in the run (and its retry can stay in
+that run: `record.attempts`) does not depend on how slow the setup was. Time, not a small count, sets the pace
 because a write's cost is mostly fixed (a transaction, ~5 ms of CPU on SQLite) while a trial logs
 a few to a few dozen metrics per logged step; the UI still sees metrics within `flush_s`. A write that fails
 (locked database, server briefly down) is retried with back-off and the buffer is kept, so a
@@ -58,12 +62,14 @@ class MlflowTrialLogger:
         self.flush_s = flush_s
         self.retry_s = retry_s
         self._metrics: list[Metric] = []
-        self._last_write = time.monotonic()
+        self._clock_start = time.monotonic()  # when the buffer's oldest metric (or a failed write) came
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
         now = int(time.time() * 1000)
+        if not self._metrics:
+            self._clock_start = time.monotonic()
         self._metrics += [Metric(k, float(v), now, step) for k, v in metrics.items()]
-        if len(self._metrics) >= self.flush_every or time.monotonic() - self._last_write >= self.flush_s:
+        if len(self._metrics) >= self.flush_every or time.monotonic() - self._clock_start >= self.flush_s:
             self._try_flush()
 
     def hold_until_flush(self) -> None:
@@ -104,7 +110,6 @@ class MlflowTrialLogger:
 
     def flush(self) -> None:
         """Write everything buffered; raises TrackingUnavailable after the retry budget."""
-        self._last_write = time.monotonic()
         while self._metrics:
             chunk = self._metrics[:1000]  # MLflow caps a batch at 1000 metrics
             self._retry(lambda chunk=chunk: self.client.log_batch(self.run_id, metrics=chunk))
@@ -113,7 +118,7 @@ class MlflowTrialLogger:
     def _try_flush(self) -> None:
         """Mid-training flush: on failure keep the buffer and carry on training (the next try
         comes `flush_s` later, or at a full batch)."""
-        self._last_write = time.monotonic()
+        self._clock_start = time.monotonic()
         try:
             chunk = self._metrics[:1000]
             self.client.log_batch(self.run_id, metrics=chunk)

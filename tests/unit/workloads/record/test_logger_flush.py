@@ -53,6 +53,23 @@ def test_steps_within_flush_s_share_one_write(clock: _Clock) -> None:
     assert len(client.batches) == 1  # the clock restarted at the write
 
 
+def test_a_first_step_after_a_long_setup_waits_its_turn(clock: _Clock) -> None:
+    """The clock starts with the oldest buffered metric, not at the last write: after a slow model
+    build the first logged step is not written at once (a worker killed a step later leaves no
+    history, so its retry stays in the run: record/attempts.py)."""
+    log, client = _logger(flush_s=5.0)
+    log.log_final({"queue_s": 1.0})  # written at once, as at a trial's start
+    clock.now += 30.0  # model build and data loading on a loaded machine
+    log.log_step(2, {"train/loss": 1.0})
+    assert len(client.batches) == 1  # only the queue time
+    clock.now += 4.9
+    log.log_step(4, {"train/loss": 1.0})
+    assert len(client.batches) == 1
+    clock.now += 0.2
+    log.log_step(6, {"train/loss": 1.0})
+    assert [len(b) for b in client.batches] == [1, 3]  # step 2 waited 5.1 s
+
+
 def test_a_full_batch_is_written_at_once(clock: _Clock) -> None:
     log, client = _logger(flush_s=60.0)
     for step in range(1, 35):
@@ -82,8 +99,8 @@ def test_a_failed_write_is_retried_after_flush_s_not_every_step(clock: _Clock) -
         raise ConnectionError("store down")
 
     client.log_batch = failing  # type: ignore[method-assign]
-    for step in range(1, 101):  # 10 s of steps 0.1 s apart
+    for step in range(1, 111):  # 11 s of steps 0.1 s apart
         clock.now += 0.1
         log.log_step(step, {"train/loss": 1.0})
-    assert len(calls) == 2  # at 5 s and 10 s
-    assert len(log._metrics) == 100  # nothing dropped
+    assert len(calls) == 2  # 5 s and 10 s after the first step
+    assert len(log._metrics) == 110  # nothing dropped
