@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from mlflow.entities import RunStatus, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
@@ -99,9 +100,16 @@ def absolute_uri(uri: str) -> str:
 
 
 def ensure_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    """The experiment's id, created if new. Two drivers starting the same new sweep at once both
+    see no experiment; the one that loses the create reads the winner's instead of crashing."""
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
-        return client.create_experiment(name, artifact_location=artifact_location)
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = client.get_experiment_by_name(name)
     if experiment.lifecycle_stage == "deleted":
         client.restore_experiment(experiment.experiment_id)
     return experiment.experiment_id

@@ -95,8 +95,9 @@ def claimed_on_server(client: Any, experiment_id: str | None, trial_id: str) -> 
 class SweepClaims:
     """The per-trial claims of one sweep (`orchestrator.trial_claim`): taken before a trial's run
     is created, released when its result is in. A trial claimed by another process (an
-    overlapping sweep) waits; when that claim is free it is reused if it FINISHED meanwhile
-    (added to `plan.skipped`), else trained here."""
+    overlapping sweep) waits. Every claim taken is checked against the store first: a trial
+    another sweep finished since this sweep's plan (seen waiting or not - it may have started and
+    finished between the plan and the claim) is reused (added to `plan.skipped`), else trained here."""
 
     RECHECK_S = 2.0
 
@@ -119,7 +120,7 @@ class SweepClaims:
             self.waited.add(spec.trial_id)
             self.parked.append((index, spec))
             return False
-        if spec.trial_id in self.waited and self._finished_elsewhere(spec):
+        if self._finished_elsewhere(spec):  # also unwaited: another sweep may have finished it since our plan
             claim.release()
             return False
         self.held[spec.trial_id] = claim

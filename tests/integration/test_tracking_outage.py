@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from orchestrator.ui import server_env
 from tests.integration.conftest import free_port, TINY, read_json, run_cli
 
 pytestmark = pytest.mark.integration
@@ -45,8 +46,10 @@ class _Server:
         command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.folder}/server.db",
                    "--artifacts-destination", str(self.folder / "artifacts"), "--host", "127.0.0.1",
                    "--port", str(self.port), "--workers", "1"]
+        # as `fp8lab ui` starts it: without MLflow's job runner, whose start-up a loaded machine makes slow
+        env = {**server_env(with_jobs=False), "MLFLOW_DISABLE_TELEMETRY": "true"}
         self.proc = subprocess.Popen(command, cwd=self.folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     env=env, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

@@ -81,3 +81,40 @@ def test_the_rerun_of_a_lost_driver_reopens_its_checkpointed_run(tmp_path: Path)
     assert run.info.status == "SCHEDULED" and run.data.tags[TAG_STATUS] == "SCHEDULED"
     assert TAG_DRIVER_LOST not in run.data.tags
     assert runs.reopen_lost_run(client, experiment_id, "t1", checkpoints) is None  # not KILLED any more
+
+
+def test_a_trial_finished_elsewhere_after_the_plan_is_reused_not_trained_again(tmp_path: Path) -> None:
+    """Another sweep claimed, trained and released trial t1 between this sweep's plan and its
+    claim, so this sweep never saw the claim held: the free claim must still not train it twice."""
+    from types import SimpleNamespace
+    uri, client, experiment_id = _store(tmp_path)
+    done = _trial_run(client, experiment_id, "t1", **{TAG_STATUS: "FINISHED"})
+    plan = SimpleNamespace(tracking_uri=uri, force=False, skipped={})
+    printed: list[str] = []
+    claims = trial_claim.SweepClaims(plan, client, experiment_id, SimpleNamespace(print=lambda line, **_: printed.append(line)),
+                                     runs.finished_trials)
+    assert not claims.take(0, SimpleNamespace(trial_id="t1", run_name="bf16-s0"))
+    assert plan.skipped == {"t1": done} and "finished by another sweep" in printed[0]
+    assert not trial_claim.claim_alive(uri, "t1")  # the claim taken for the check is given back
+    assert claims.take(1, SimpleNamespace(trial_id="t2", run_name="bf16-s1"))  # an unfinished trial is trained here
+    claims.held["t2"].release()
+
+
+def test_two_drivers_creating_one_new_experiment_both_get_its_id(tmp_path: Path) -> None:
+    """The loser of the create race (it saw no experiment, then the other driver made it) reads
+    the winner's id instead of failing with RESOURCE_ALREADY_EXISTS."""
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    winner = client.create_experiment("sweep")
+
+    class LateClient:  # the lookup ran before the winner's create
+        def __init__(self) -> None:
+            self.lookups = 0
+
+        def get_experiment_by_name(self, name: str):
+            self.lookups += 1
+            return None if self.lookups == 1 else client.get_experiment_by_name(name)
+
+        def __getattr__(self, attribute: str):
+            return getattr(client, attribute)
+
+    assert runs.ensure_experiment(LateClient(), "sweep", None) == winner
