@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import urlparse
 
 from fp8lab_conf.contracts import TAG_DRIVER, TAG_DRIVER_HEARTBEAT
@@ -121,8 +121,7 @@ class SweepLease:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            holder = _describe_holder(handle.read())
+            holder = describe_live_holder(lambda: (handle.seek(0), handle.read())[1])
             handle.close()
             raise SweepBusy(self.sweep_id, holder) from None
         handle.seek(0)
@@ -172,6 +171,37 @@ def _describe_holder(text: str) -> str:
         return Holder(**json.loads(text)).describe()
     except (ValueError, TypeError):
         return "another fp8lab process (no holder recorded yet)"
+
+
+HOLDER_WAIT_S = 1.0
+
+
+def describe_live_holder(read_text: Callable[[], str], wait_s: float = HOLDER_WAIT_S) -> str:
+    """Who holds a lock, read from its file. The new holder writes itself there just after taking
+    the lock, so a reader that lost the race may find the file empty or still naming the previous
+    holder, dead since; it re-reads for up to `wait_s` until the file names a live process."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = read_text()
+        if _names_live_process(text) or time.monotonic() >= deadline:
+            return _describe_holder(text)
+        time.sleep(0.05)
+
+
+def _names_live_process(text: str) -> bool:
+    try:
+        holder = Holder(**json.loads(text))
+    except (ValueError, TypeError):
+        return False
+    if holder.host != socket.gethostname():
+        return True  # another machine's process: nothing to check from here
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def heartbeat_age(tags: dict[str, str]) -> float:

@@ -53,7 +53,7 @@ class TrialClaim:
     def holder(self) -> str:
         """Who holds it (for a refusal line)."""
         path = _claim_file(self.uri, self.trial_id)
-        return lease._describe_holder(path.read_text()) if path and path.exists() else "another process"
+        return lease.describe_live_holder(path.read_text) if path and path.exists() else "another process"
 
     def release(self) -> None:
         if self._handle is not None:

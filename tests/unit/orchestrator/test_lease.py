@@ -57,6 +57,41 @@ def test_second_driver_is_refused_naming_the_holder_and_a_killed_one_frees_the_l
         assert mine.holder.pid == os.getpid()
 
 
+def test_a_refusal_names_the_new_holder_not_the_dead_one_its_file_still_names(tmp_path: Path) -> None:
+    """The winner writes itself into the lock file just after taking the lock; a loser that reads
+    in between finds the previous holder there, dead since, and must wait for the live one."""
+    import fcntl
+    import json
+    import threading
+    from dataclasses import asdict
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    handle = open(lease._lock_file(lease.local_store_path(uri), "sweep-abc123"), "a+")
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the winner has the lock ...
+    handle.write(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "since": "earlier"}))
+    handle.flush()  # ... and the file still names the driver before it
+
+    def winner_writes_itself() -> None:
+        time.sleep(0.3)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(asdict(lease.Holder.me())))
+        handle.flush()
+
+    writer = threading.Thread(target=winner_writes_itself)
+    writer.start()
+    try:
+        with pytest.raises(lease.SweepBusy) as refused:
+            lease.SweepLease(uri, "abc123").acquire()
+    finally:
+        writer.join()
+        handle.close()
+    line = str(refused.value)
+    assert f"pid {os.getpid()} on " in line and f"pid {dead.pid} " not in line, line
+
+
 def test_server_store_lease_is_the_parent_heartbeat() -> None:
     mine = lease.SweepLease("http://127.0.0.1:1", "s1")
     mine.acquire()  # no local file to lock
