@@ -459,7 +459,14 @@ def expand_blocks(scale: torch.Tensor, tile: tuple[int, int], shape: torch.Size)
 
 
 def _zero_count(device: torch.device) -> torch.Tensor:
+    """A 0-d int64 zero: the saturation count of a cast that cannot saturate. On CPU one shared
+    tensor (nothing writes a count in place; a recorded step asks ~200 times)."""
+    if device.type == "cpu":
+        return _CPU_ZERO_COUNT
     return torch.zeros((), dtype=torch.int64, device=device)
+
+
+_CPU_ZERO_COUNT = torch.zeros((), dtype=torch.int64)
 
 
 class TensorScaler:

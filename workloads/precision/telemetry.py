@@ -81,7 +81,23 @@ def count_saturated(scaled: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
 
 
 @torch.no_grad()
-def cast_stats(
+def cast_stats(x_hp: torch.Tensor, x_dq: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Stats vector of one cast (``_UNDER``.. layout), computed on ``x_hp``'s device with no host
+    sync; arguments as ``_cast_parts``, whose reductions it stacks at once (a recording
+    ``Fp8Telemetry`` keeps them apart and stacks every cast's at the end of the step instead)."""
+    parts = _cast_parts(x_hp, x_dq, *args, **kwargs)
+    return _finish_raw(torch.stack(parts).reshape(1, _RAW_WIDTH))[0]
+
+
+# Layout of the raw parts of one cast (``_cast_parts``), turned into a stats vector by
+# ``_finish_raw``: the two nonzero counts, not yet subtracted; the squared-error sum, not yet
+# divided; the element count. Stacking 0-d tensors of mixed dtypes promotes to the widest, and the
+# element count is FP64, so a stacked row is FP64 and every count in it exact.
+_RAW_NZ_HP, _RAW_NZ_DQ, _RAW_SAT, _RAW_AMAX, _RAW_SMIN, _RAW_SMAX, _RAW_SQ, _RAW_NONFINITE, _RAW_NUMEL = range(9)
+_RAW_WIDTH = 9
+
+
+def _cast_parts(
     x_hp: torch.Tensor,
     x_dq: torch.Tensor,
     scale_inv: torch.Tensor | None,
@@ -89,28 +105,30 @@ def cast_stats(
     codes: torch.Tensor | None = None,
     nan_free: bool = False,
     amax: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Stats vector of one cast, computed on ``x_hp``'s device with no host sync.
+) -> list[torch.Tensor]:
+    """The reductions behind one cast's stats vector, as 0-d tensors in the ``_RAW_*`` layout.
 
+    ``saturated``: the cast's count of elements above the format's max (0 when it cannot saturate).
     ``amax``: max |x_hp| when the caller has it already (the scaler's pass), saving one.
-
     ``codes`` (the float8 data behind ``x_dq``) lets the zero count run on one byte per element
     instead of two; ``nan_free=True`` (the caster knows ``x_dq`` has no NaN, e.g. from a CPU
     finiteness check) skips counting non-finite values.
 
-    Written for few passes and no FP32 copies of activation-sized tensors: reductions run
-    straight on the BF16 data (``aminmax``, ``count_nonzero``, ``vector_norm(dtype=float32)``),
-    and the one temporary is the difference in the tensors' own dtype (exact while the two
-    values are within a factor of 2 of each other, i.e. everywhere but saturated/flushed ones).
-    """
+    Written for few passes: reductions run straight on the BF16 data (``aminmax``,
+    ``count_nonzero``), and the one temporary is the difference (``_squared_error``: FP32 on CPU,
+    where that is faster; the tensors' own dtype elsewhere, so no FP32 copy of an activation-sized
+    tensor on a GPU). The subtraction, division and stacking are left to ``_finish_raw``, once
+    for all the casts of a step: on mid-sized CPU tensors those scalar ops cost as much as the
+    reductions (measured inside a training step, where each op pays ~5-30 us)."""
     x_hp, x_dq = x_hp.detach(), x_dq.detach()
     dev = x_hp.device
+    zero = _const(0.0, dev)
     fused = None
     if FUSED.usable(x_hp):
         fused = FUSED.run(_k_cast_stats, (x_hp.reshape(-1), x_dq.reshape(-1)))
     if fused is not None:  # one compiled loop over both tensors (large CPU tensors)
-        underflow, amax, sq_err_sum, nonfinite = fused.unbind()
-        sq_err = sq_err_sum
+        nonzero_hp, amax, sq_err, nonfinite = fused.unbind()  # nonzero_hp: the underflow count itself
+        nonzero_dq = zero
     else:
         if amax is None:
             lo, hi = torch.aminmax(x_hp)
@@ -119,29 +137,65 @@ def cast_stats(
             nonzero_dq = torch.count_nonzero(codes.view(torch.uint8) & 0x7F)
         else:
             nonzero_dq = torch.count_nonzero(_magnitude_bits(x_dq))
-        underflow = torch.count_nonzero(_magnitude_bits(x_hp)) - nonzero_dq
-        sq_err = torch.linalg.vector_norm(x_hp - x_dq, dtype=torch.float32).square()
-        if nan_free:
-            nonfinite = _const(0.0, dev)
-        else:
-            nonfinite = torch.count_nonzero(x_dq - x_dq)  # 0 where finite, NaN (counted) where not
+        nonzero_hp = torch.count_nonzero(_magnitude_bits(x_hp))
+        sq_err = _squared_error(x_hp, x_dq)
+        nonfinite = zero if nan_free else torch.count_nonzero(x_dq - x_dq)  # NaN (counted) where not finite
     if scale_inv is None:
         smin = smax = _const(1.0, dev)
     elif scale_inv.dim() == 0:
         smin = smax = scale_inv.detach()
     else:
         smin, smax = torch.aminmax(scale_inv.detach())
-    parts = [
-        underflow,
-        saturated if isinstance(saturated, torch.Tensor) else _const(float(saturated), dev),
-        amax,
-        smin,
-        smax,
-        sq_err / max(x_hp.numel(), 1),
-        nonfinite,
-        _const(_NAN, dev),
-    ]
-    return torch.stack(parts)  # type promotion: the FP64 NaN makes the whole vector FP64
+    sat = saturated if isinstance(saturated, torch.Tensor) else _const(float(saturated), dev)
+    return [nonzero_hp, nonzero_dq, sat, amax, smin, smax, sq_err, nonfinite, _const(float(x_hp.numel()), dev)]
+
+
+def _finish_raw(raw: torch.Tensor) -> torch.Tensor:
+    """Stats rows ``[k, 8]`` (the ``_UNDER``.. layout) from raw rows ``[k, 9]`` (``_RAW_*``), FP64:
+    underflow = nonzeros before - after, mse = squared-error sum / elements (in FP64)."""
+    raw = raw.to(torch.float64)
+    underflow = raw[:, _RAW_NZ_HP] - raw[:, _RAW_NZ_DQ]
+    mse = raw[:, _RAW_SQ] / raw[:, _RAW_NUMEL].clamp(min=1.0)
+    nan = torch.full_like(mse, _NAN)
+    return torch.stack([underflow, raw[:, _RAW_SAT], raw[:, _RAW_AMAX], raw[:, _RAW_SMIN], raw[:, _RAW_SMAX],
+                        mse, raw[:, _RAW_NONFINITE], nan], dim=1)
+
+
+class _Parts:
+    """One cast measured now (``Fp8Telemetry.measure`` for a large tensor) whose raw parts are
+    stacked with every other cast's in one op at the end of the step (``_stack_parts``); then
+    ``block[row]`` is its stats vector."""
+
+    __slots__ = ("parts", "block", "row")
+
+    def __init__(self, parts: list[torch.Tensor]) -> None:
+        self.parts: list[torch.Tensor] | None = parts
+        self.block: torch.Tensor | None = None
+        self.row = 0
+
+
+def _stack_parts(pending: list[_Parts]) -> None:
+    """Stack the raw parts of ``pending`` (distinct objects) into one block and point each at its row."""
+    raw = torch.stack([part for p in pending for part in p.parts]).reshape(len(pending), _RAW_WIDTH)
+    block = _finish_raw(raw)
+    for row, p in enumerate(pending):
+        p.block, p.row, p.parts = block, row, None
+
+
+def _squared_error(x_hp: torch.Tensor, x_dq: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of squared differences in FP32 (over ``dim``, or all elements).
+
+    On CPU the difference is taken in FP32 (a copy of ``x_hp`` minus ``x_dq`` in place): a BF16
+    subtraction rounds every element back to BF16 one at a time and costs ~1.7x as much (measured:
+    (16, 19, 512) BF16 tensors, cache-cold, 195 us -> 117 us for the whole sum). The result is the
+    same number bit for bit wherever the BF16 difference was exact (both values within a factor of 2,
+    i.e. every element but saturated ones), and the exact difference elsewhere. Elsewhere (GPU) the
+    difference stays in the tensors' own dtype: no FP32 copy of an activation-sized tensor."""
+    if x_hp.device.type == "cpu":
+        diff = x_hp.to(torch.float32, copy=True)  # a copy even when x_hp is FP32: subtracted in place
+        diff.sub_(x_dq)
+        return torch.linalg.vector_norm(diff, dim=dim).square()
+    return torch.linalg.vector_norm(x_hp - x_dq, dim=dim, dtype=torch.float32).square()
 
 
 _MAGNITUDE = {torch.bfloat16: (torch.int16, 0x7FFF), torch.float16: (torch.int16, 0x7FFF),
@@ -201,10 +255,10 @@ class _Deferred:
 
     ``x`` is a copy of the high-precision input (the caller may write the original in place
     afterwards, as the optimizer does to an adapter weight); ``dq`` is the cast's own output,
-    held by reference and checked unchanged (``version``) when measured. ``value`` is the stats
-    vector once ``_measure_deferred`` ran."""
+    held by reference and checked unchanged (``version``) when measured. Once ``_measure_deferred``
+    ran, ``block[row]`` is its stats vector (the block holds its batch's rows)."""
 
-    __slots__ = ("x", "dq", "version", "codes", "scale_inv", "saturated", "amax", "nan_free", "value")
+    __slots__ = ("x", "dq", "version", "codes", "scale_inv", "saturated", "amax", "nan_free", "block", "row")
 
     def __init__(self, x_hp: torch.Tensor, x_dq: torch.Tensor, scale_inv: torch.Tensor | None,
                  saturated: torch.Tensor | int, codes: torch.Tensor | None, nan_free: bool,
@@ -216,7 +270,8 @@ class _Deferred:
         self.codes = None if codes is None else codes.view(torch.uint8).reshape(-1)
         self.scale_inv = None if scale_inv is None else scale_inv.detach()
         self.saturated, self.amax, self.nan_free = saturated, amax, nan_free
-        self.value: torch.Tensor | None = None
+        self.block: torch.Tensor | None = None
+        self.row = 0
 
     @property
     def nbytes(self) -> int:
@@ -231,8 +286,9 @@ class _Deferred:
 
 @torch.no_grad()
 def _batched_stats(batch: list[_Deferred]) -> torch.Tensor:
-    """Stats rows ``[k, 8]`` of ``k`` casts of one shape: ``cast_stats``'s eager reductions, run
-    once over the stacked tensors, per row (so each row is that cast's vector)."""
+    """Stats rows ``[k, 8]`` of ``k`` casts of one shape: ``_cast_parts``'s eager reductions, run
+    once over the stacked tensors, per row, and finished by the same ``_finish_raw`` (so each row
+    is that cast's vector)."""
     first = batch[0]
     dev, n = first.x.device, first.x.numel()
     x = torch.stack([d.x for d in batch])
@@ -246,8 +302,8 @@ def _batched_stats(batch: list[_Deferred]) -> torch.Tensor:
         nonzero_dq = _nonzero_per_row(torch.stack([d.codes for d in batch]) & 0x7F)
     else:
         nonzero_dq = _nonzero_per_row(_magnitude_bits(dq))
-    underflow = _nonzero_per_row(_magnitude_bits(x)) - nonzero_dq
-    sq_err = torch.linalg.vector_norm(x - dq, dim=1, dtype=torch.float32).square()
+    nonzero_hp = _nonzero_per_row(_magnitude_bits(x))
+    sq_err = _squared_error(x, dq, dim=1)
     if all(d.nan_free for d in batch):
         nonfinite = torch.zeros(len(batch), dtype=torch.float64, device=dev)
     else:  # 0 where finite, NaN (counted) where not; 0 for the rows known to be NaN-free
@@ -260,9 +316,9 @@ def _batched_stats(batch: list[_Deferred]) -> torch.Tensor:
         smin, smax = torch.aminmax(torch.stack([d.scale_inv for d in batch]).reshape(len(batch), -1), dim=1)
     saturated = _stack_scalars([d.saturated if isinstance(d.saturated, torch.Tensor)
                                 else _const(float(d.saturated), dev) for d in batch])
-    nan = torch.full((len(batch),), _NAN, dtype=torch.float64, device=dev)
-    parts = [underflow, saturated, amax, smin, smax, sq_err / max(n, 1), nonfinite, nan]
-    return torch.stack([t.to(torch.float64) for t in parts], dim=1)
+    numel = torch.full((len(batch),), float(n), dtype=torch.float64, device=dev)
+    raw = [nonzero_hp, nonzero_dq, saturated, amax, smin, smax, sq_err, nonfinite, numel]  # the _RAW_* layout
+    return _finish_raw(torch.stack([t.to(torch.float64) for t in raw], dim=1))
 
 
 def _nonzero_per_row(bits: torch.Tensor) -> torch.Tensor:
@@ -307,7 +363,7 @@ class _Pending:
     layer: str
     kind: str
     numel: int
-    stats: torch.Tensor | _Deferred | None  # None once the rows are on the host (``_entries``)
+    stats: torch.Tensor | _Parts | _Deferred | None  # None once the rows are on the host (``_entries``)
     static: bool = False
 
 
@@ -372,12 +428,13 @@ class Fp8Telemetry:
         codes: torch.Tensor | None = None,
         nan_free: bool = False,
         amax: torch.Tensor | None = None,
-    ) -> torch.Tensor | _Deferred:
-        """The stats of one cast for ``record_stats``: ``cast_stats`` now for a large tensor; for
-        a small one (``batch_below_numel``) a deferred entry measured with the others of its
-        shape at the end of the step (module doc). Arguments as ``cast_stats``."""
+    ) -> _Parts | _Deferred:
+        """The stats of one cast for ``record_stats``: for a large tensor its reductions now
+        (``_cast_parts``), stacked with the others' at the end of the step; for a small one
+        (``batch_below_numel``) a deferred entry measured with the others of its shape at the end
+        of the step (module doc). Arguments as ``cast_stats``."""
         if x_hp.numel() >= self.batch_below_numel:
-            return cast_stats(x_hp, x_dq, scale_inv, saturated, codes, nan_free, amax)
+            return _Parts(_cast_parts(x_hp, x_dq, scale_inv, saturated, codes, nan_free, amax))
         deferred = _Deferred(x_hp, x_dq, scale_inv, saturated, codes, nan_free, amax)
         self._deferred.append(deferred)
         self._deferred_bytes += deferred.nbytes
@@ -385,8 +442,8 @@ class Fp8Telemetry:
             self._measure_deferred()
         return deferred
 
-    def record_stats(self, layer: str, kind: str, numel: int, stats: torch.Tensor | _Deferred) -> None:
-        """Append a stats vector computed already (``cast_stats``) or deferred (``measure``);
+    def record_stats(self, layer: str, kind: str, numel: int, stats: torch.Tensor | _Parts | _Deferred) -> None:
+        """Append a stats vector computed already (``cast_stats``) or to be finished (``measure``);
         no-op when not recording. Casts shared by sibling layers report the same vector under
         each layer."""
         if self.recording:
@@ -401,8 +458,9 @@ class Fp8Telemetry:
                                    "were computed; measure it at once (Fp8Telemetry(batch_below_numel=0))")
             groups.setdefault(deferred.group(), []).append(deferred)
         for batch in groups.values():
-            for deferred, row in zip(batch, _batched_stats(batch)):
-                deferred.value = row
+            block = _batched_stats(batch)
+            for row, deferred in enumerate(batch):
+                deferred.block, deferred.row = block, row
                 deferred.x = deferred.dq = deferred.codes = None  # type: ignore[assignment]  # free the copies
         self._deferred.clear()
         self._deferred_bytes = 0
@@ -480,16 +538,39 @@ class Fp8Telemetry:
 
     @staticmethod
     def _transfer(items: list[_Pending | _Block], extras: list[torch.Tensor]) -> list[list[float]]:
-        """Stack every stats vector and extra into one tensor and copy it to the host once."""
+        """Every item's stats rows and the extras, moved to the host in ONE transfer.
+
+        The raw parts of the casts measured during the step are stacked in one op (``_stack_parts``);
+        every stats tensor (a vector, a batch's block, a LoRA block) goes into the transfer once,
+        however many items report it (shared casts), and the rows are handed out on the host."""
         if not items and not extras:
             return []
-        vectors = [item.stats.value if isinstance(item.stats, _Deferred) else item.stats for item in items]
-        device = (vectors[0] if vectors else extras[0]).device
-        blocks = [v.to(device).reshape(-1, 8) for v in vectors]
+        stats = [item.stats for item in items]
+        parts = list({id(s): s for s in stats if isinstance(s, _Parts) and s.block is None}.values())
+        if parts:
+            _stack_parts(parts)
+        sources = [(s.block, s.row) if isinstance(s, _Parts | _Deferred) else (s, None) for s in stats]
+        device = (sources[0][0] if sources else extras[0]).device
+        blocks: list[torch.Tensor] = []
+        first_row: dict[int, int] = {}  # id(tensor) -> its first row in the transfer
+        rows = 0
+        for tensor, _ in sources:
+            if id(tensor) not in first_row:
+                first_row[id(tensor)] = rows
+                blocks.append(tensor.to(device).reshape(-1, 8))
+                rows += blocks[-1].shape[0]
         if extras:
             scalars = torch.stack([x.detach().reshape(()).to(device, torch.float64) for x in extras])
             blocks.append(torch.nn.functional.pad(scalars.reshape(-1, 1), (0, 7)))
-        return torch.cat(blocks).tolist()  # SYNC: the one device->host transfer per step
+        host = torch.cat(blocks).tolist()  # SYNC: the one device->host transfer per step
+        values: list[list[float]] = []
+        for tensor, row in sources:
+            start = first_row[id(tensor)]
+            if row is not None:
+                values.append(host[start + row])
+            else:
+                values.extend(host[start : start + tensor.numel() // 8])
+        return values + host[rows:]
 
     def _merge(self, entries: list[_Pending], stats: list[list[float]]) -> list[dict[str, Any]]:
         """Combine micro-batch records of the same (layer, kind) into one row (host only)."""

@@ -277,3 +277,38 @@ def test_deferred_copies_are_bounded(monkeypatch):
         tel.record_stats(f"l{i}", "activation", 64, tel.measure(x, quantize_dequantize(x, E4M3), None))
     assert len(tel._deferred) == 0 and tel._deferred_bytes == 0  # the fourth tipped it over
     assert len(tel.end_step().rows) == 4
+
+
+def test_large_casts_are_stacked_at_the_end_of_the_step_with_the_values_of_cast_stats(monkeypatch):
+    """A cast at or above ``batch_below_numel`` is reduced when it happens and its parts stacked
+    with the others' in ``end_step``: its row holds what ``cast_stats`` gives at once (BF16 input,
+    zeros, a saturated element), and a stats object reported under two layers (a shared cast)
+    goes into the one transfer once."""
+    from workloads.precision.scaling import ScalingRecipe, TensorScaler
+
+    g = torch.Generator().manual_seed(1)
+    xs = [(torch.randn(40, 64, generator=g) * s).to(torch.bfloat16) for s in (1e-4, 1.0, 300.0)]
+    xs[1][0, :3] = torch.tensor([0.0, -0.0, 1e-30])
+    tel = Fp8Telemetry(batch_below_numel=1024)  # 2560 elements: measured now, not deferred
+    tel.begin_step(0, record=True)
+    expected = []
+    for i, x in enumerate(xs):
+        scaler = TensorScaler(ScalingRecipe("none"), E4M3, "activation")
+        q, saturated = scaler.quantize(x, count_saturated=True)
+        x_dq = q.dequantize(torch.bfloat16)
+        expected.append(cast_stats(x, x_dq, q.scale_inv, saturated, q.data))
+        stats = tel.measure(x, x_dq, q.scale_inv, saturated, q.data)
+        for layer in (f"l{i}.q_proj", f"l{i}.k_proj"):  # q and k share one cast
+            tel.record_stats(layer, "activation", x.numel(), stats)
+    assert tel._deferred == []
+    shapes = []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: shapes.append(tuple(self.shape)) or original(self))
+    rows = tel.end_step().rows
+    monkeypatch.undo()
+    assert shapes == [(3, 8)]  # three distinct casts, six rows
+    assert len(rows) == 6 and rows[-1]["overflow_pct"] > 0  # x300: some values above E4M3's 448
+    for row, ref in zip(rows, [e for e in expected for _ in (0, 1)], strict=True):
+        assert row["underflow_pct"] == ref[0].item() / 2560 * 100 and row["overflow_pct"] == ref[1].item() / 2560 * 100
+        assert row["amax"] == ref[2].item() and row["mse"] == ref[5].item() and row["nonfinite"] == 0
+    assert rows[0]["underflow_pct"] > 50  # 1e-4 * N(0, 1): mostly below E4M3's smallest subnormal
