@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -172,75 +173,78 @@ def write_sweep(
     series = ["train/loss", *extra[: max(per_step_metrics - 1, 0)]]
     run_ids = []
     tmp = Path(tempfile.mkdtemp(prefix="fp8lab-synth-"))
-    for i, t in enumerate(trials):
-        start = now + 1000 * (i + 1) + int(t.start_offset_s * 1000)
-        tags = {
-            TAG_ROLE: ROLE_TRIAL,
-            TAG_SWEEP_ID: sweep_id,
-            TAG_TRIAL_ID: t.resolved_trial_id(),
-            TAG_POLICY: t.policy,
-            TAG_SEED: str(t.seed),
-            TAG_BACKEND: t.backend,
-            TAG_EMULATED: "true" if t.emulated else "false",
-            TAG_DEVICE: t.device,
-            TAG_STATUS: t.status,
-            TAG_ABLATION: t.ablation,
-            "mlflow.runName": t.run_name(),
-        }
-        if parent_id:
-            tags["mlflow.parentRunId"] = parent_id
-        if t.reason:
-            tags[TAG_REASON] = t.reason
-        if t.diverged_step is not None:
-            tags[TAG_DIVERGED_STEP] = str(t.diverged_step)
-        tags.update({f"{TAG_AXIS_PREFIX}{k}": str(v) for k, v in t.axes.items()})
-        tags.update(t.tags)
-        run_id = client.create_run(exp_id, start_time=start, tags=tags).info.run_id
-        loss = loss_curve(t, n_steps)
-        metrics = []
-        for key in series:
-            if key == "train/loss":
-                vals = loss
-            elif key == "train/tokens_per_s":  # instantaneous readings, deliberately not the final mean
-                vals = np.full(len(loss), 0.5 * (t.tokens_per_s or 0.0))
-            else:
-                vals = np.linspace(1.0, 0.1, len(loss))
-            metrics += [Metric(key, float(v), start + j, j) for j, v in enumerate(vals)]
-        last = len(loss)
-        finals = {
-            "eval/accuracy": t.accuracy,
-            "train/tokens_per_s": t.tokens_per_s,
-            "memory/peak_bytes": t.peak_bytes,
-            "underflow/events": t.underflow_events,
-            "train/final_loss": t.final_loss,
-        }
-        # like workloads' log_final: final metrics at step 0, written after every per-step value
-        finals.update(t.metrics)
-        metrics += [Metric(k, float(v), start + last + 10, 0) for k, v in finals.items() if v is not None]
-        prm = [Param("precision.policy", t.policy), Param("train.seed", str(t.seed))]
-        prm += [Param(k, str(v)) for k, v in (params or {}).items()]
-        for j in range(0, max(len(metrics), 1), _BATCH):
-            client.log_batch(
-                run_id,
-                metrics=metrics[j : j + _BATCH],
-                params=prm if j == 0 else [],
-                tags=[RunTag("fp8lab.synthetic", "true")] if j == 0 else [],
-            )
-        if telemetry and t.policy != "bf16" and t.status != "FAILED":
-            path = tmp / "telemetry.parquet"
-            telemetry_frame(t, last, layers, telemetry_every).to_parquet(path, index=False)
-            client.log_artifact(run_id, str(path), "telemetry")
-        for task, values in t.samples.items():
-            path = tmp / f"{task}.jsonl"
-            text = t.sample_text.get(task, ())
-            lines = (json.dumps({"doc_id": i, "metric": t.sample_metric, "value": float(v), **(text[i] if i < len(text) else {})})
-                     for i, v in enumerate(values))
-            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-            client.log_artifact(run_id, str(path), "eval/samples")
-        status = t.mlflow_status or ("FAILED" if t.status == "FAILED" else "FINISHED")
-        if status != "RUNNING":
-            client.set_terminated(run_id, status=status, end_time=start + 500)
-        run_ids.append(run_id)
+    try:
+        for i, t in enumerate(trials):
+            start = now + 1000 * (i + 1) + int(t.start_offset_s * 1000)
+            tags = {
+                TAG_ROLE: ROLE_TRIAL,
+                TAG_SWEEP_ID: sweep_id,
+                TAG_TRIAL_ID: t.resolved_trial_id(),
+                TAG_POLICY: t.policy,
+                TAG_SEED: str(t.seed),
+                TAG_BACKEND: t.backend,
+                TAG_EMULATED: "true" if t.emulated else "false",
+                TAG_DEVICE: t.device,
+                TAG_STATUS: t.status,
+                TAG_ABLATION: t.ablation,
+                "mlflow.runName": t.run_name(),
+            }
+            if parent_id:
+                tags["mlflow.parentRunId"] = parent_id
+            if t.reason:
+                tags[TAG_REASON] = t.reason
+            if t.diverged_step is not None:
+                tags[TAG_DIVERGED_STEP] = str(t.diverged_step)
+            tags.update({f"{TAG_AXIS_PREFIX}{k}": str(v) for k, v in t.axes.items()})
+            tags.update(t.tags)
+            run_id = client.create_run(exp_id, start_time=start, tags=tags).info.run_id
+            loss = loss_curve(t, n_steps)
+            metrics = []
+            for key in series:
+                if key == "train/loss":
+                    vals = loss
+                elif key == "train/tokens_per_s":  # instantaneous readings, deliberately not the final mean
+                    vals = np.full(len(loss), 0.5 * (t.tokens_per_s or 0.0))
+                else:
+                    vals = np.linspace(1.0, 0.1, len(loss))
+                metrics += [Metric(key, float(v), start + j, j) for j, v in enumerate(vals)]
+            last = len(loss)
+            finals = {
+                "eval/accuracy": t.accuracy,
+                "train/tokens_per_s": t.tokens_per_s,
+                "memory/peak_bytes": t.peak_bytes,
+                "underflow/events": t.underflow_events,
+                "train/final_loss": t.final_loss,
+            }
+            # like workloads' log_final: final metrics at step 0, written after every per-step value
+            finals.update(t.metrics)
+            metrics += [Metric(k, float(v), start + last + 10, 0) for k, v in finals.items() if v is not None]
+            prm = [Param("precision.policy", t.policy), Param("train.seed", str(t.seed))]
+            prm += [Param(k, str(v)) for k, v in (params or {}).items()]
+            for j in range(0, max(len(metrics), 1), _BATCH):
+                client.log_batch(
+                    run_id,
+                    metrics=metrics[j : j + _BATCH],
+                    params=prm if j == 0 else [],
+                    tags=[RunTag("fp8lab.synthetic", "true")] if j == 0 else [],
+                )
+            if telemetry and t.policy != "bf16" and t.status != "FAILED":
+                path = tmp / "telemetry.parquet"
+                telemetry_frame(t, last, layers, telemetry_every).to_parquet(path, index=False)
+                client.log_artifact(run_id, str(path), "telemetry")
+            for task, values in t.samples.items():
+                path = tmp / f"{task}.jsonl"
+                text = t.sample_text.get(task, ())
+                lines = (json.dumps({"doc_id": i, "metric": t.sample_metric, "value": float(v), **(text[i] if i < len(text) else {})})
+                         for i, v in enumerate(values))
+                path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+                client.log_artifact(run_id, str(path), "eval/samples")
+            status = t.mlflow_status or ("FAILED" if t.status == "FAILED" else "FINISHED")
+            if status != "RUNNING":
+                client.set_terminated(run_id, status=status, end_time=start + 500)
+            run_ids.append(run_id)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the artifacts are in the store now
     if parent_id:
         client.set_terminated(parent_id, status="FINISHED")
     return {"experiment_id": exp_id, "parent_run_id": parent_id, "run_ids": run_ids}
