@@ -21,8 +21,19 @@ TINY = ["train.steps=6", "train.log_every=2", "precision.telemetry.every=2", "tr
         "eval.limit=16", "train.num_threads=1"]
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+# For the tests of orchestration (retries, resumes, task plumbing, early stop) whose trials happen to
+# run an FP8 policy: eager casts instead of the compiled ones (FP8LAB_FUSED_CASTS, see
+# workloads/precision/formats.py). Compiling costs each trial process ~5 s of CPU with a warm
+# inductor cache and ~15 s with a cold one (a fresh CI machine), for a 6-step trial that never
+# repays it; both paths give the same bits (tests/unit/workloads/precision), and the CLI-trial,
+# diverged-trial, GPT-2, real-model and two-node tests keep the compiled path end to end.
+EAGER_CASTS = {"FP8LAB_FUSED_CASTS": "off"}
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 600, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`fp8lab ARGS` in `cwd`, offline, with `env` added to this process's environment."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

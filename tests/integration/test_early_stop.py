@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY, client_for, run_cli
+from tests.integration.conftest import EAGER_CASTS, TINY, client_for, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -16,7 +16,7 @@ def test_doomed_trial_is_stopped_early_recorded_and_reported(workdir: Path) -> N
     out = workdir / "report"
     proc = run_cli(["sweep", *TINY, "cluster.num_cpus=2", "sweep.name=t-early", "sweep.early_stop=true",
                     "health.at=2", "sweep.axes.precision=[bf16,fp8_unscaled_fp8_adapters]", "sweep.axes.seed=[0]",
-                    f"report.out={out}"], workdir)
+                    f"report.out={out}"], workdir, env=EAGER_CASTS)
     client = client_for(workdir)
     exp = client.get_experiment_by_name("t-early")
     runs = {r.data.tags["fp8lab.policy"]: r for r in client.search_runs([exp.experiment_id])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY, client_for, read_json, run_cli
+from tests.integration.conftest import EAGER_CASTS, TINY, client_for, read_json, run_cli
 from tests.unit.workloads.eval.eval_task_files import GEN, MC, write_tasks
 
 pytestmark = pytest.mark.integration
@@ -21,7 +21,7 @@ def test_sweep_with_a_multiple_choice_and_a_generative_task(workdir: Path) -> No
     run_cli(["sweep", *TINY, "sweep.report=false", "cluster.num_cpus=1", "sweep.name=t-tasks",
              "sweep.axes.precision=[fp8_protected]", "sweep.axes.seed=[0]",
              f"eval.tasks=[{MC},{GEN}]", f"eval.include_path={tasks}",
-             f"eval.metrics={{{GEN}: exact_match.flexible-extract}}"], workdir)
+             f"eval.metrics={{{GEN}: exact_match.flexible-extract}}"], workdir, env=EAGER_CASTS)
     client = client_for(workdir)
     runs = client.search_runs([client.get_experiment_by_name("t-tasks").experiment_id],
                               filter_string="tags.`fp8lab.role` = 'trial'")

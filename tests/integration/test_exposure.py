@@ -4,10 +4,10 @@
   (`fp8lab ui` binding 127.0.0.1 is tested in test_ui.py);
 - secrets in the environment (*TOKEN*, *KEY*, *SECRET*, *PASSWORD*) never reach MLflow params,
   tags, metrics or artifacts, nor the report;
-- trust_remote_code is off unless set explicitly.
+- trust_remote_code is off unless set explicitly;
+- every port a local sweep opens listens on the loopback address.
 
-Known limitation (docs/reliability.md): Ray 2.60's own gRPC ports (GCS, raylet, object manager)
-listen on the node's address even for a local cluster; token authentication is what protects them.
+The secrets and the ports test read one sweep (`exposed_sweep`).
 """
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from tests.integration.conftest import TINY, client_for, run_cli
@@ -31,6 +34,7 @@ SECRETS = {
     "OPENAI_API_KEY": "sk-sekrit-key-4715",
     "MLFLOW_TRACKING_PASSWORD": "sekrit-mlflow-4716",
 }
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 RAY_PROBE = r"""
 import json, socket, time, urllib.error, urllib.request
@@ -118,11 +122,58 @@ def test_trust_remote_code_reaches_the_loader_only_as_configured(monkeypatch: py
         assert seen[-1] is expected
 
 
-def test_environment_secrets_never_reach_mlflow_or_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in SECRETS.items():
-        monkeypatch.setenv(name, value)
-    proc = run_cli(["sweep", *TINY, "cluster.num_cpus=1", "sweep.name=t-exposure", "sweep.axes.precision=[bf16]",
-                    "sweep.axes.seed=[0]"], tmp_path)
+@pytest.fixture(scope="module")
+def exposed_sweep(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """One real one-trial sweep (report included) with secrets in its environment, its process
+    tree's listening sockets sampled until it ends: read by the secrets and the ports test."""
+    workdir = tmp_path_factory.mktemp("exposure")
+    # the driver must set Ray's loopback switch itself, not inherit it
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env.update(SECRETS, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    args = ["sweep", *TINY, "cluster.num_cpus=1", "sweep.name=t-exposure", "sweep.axes.precision=[bf16]", "sweep.axes.seed=[0]"]
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=workdir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root, seen, deadline = psutil.Process(proc.pid), set(), time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen |= _listening(root)
+        time.sleep(0.3)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-4000:]
+    return SimpleNamespace(workdir=workdir, stdout=stdout, stderr=stderr, seen=seen)
+
+
+def _listening(root: psutil.Process) -> set[tuple[str, str, int]]:
+    found = set()
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return found
+    for proc in procs:
+        try:
+            name = proc.name()
+            found |= {(name, c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                      if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_every_listening_port_of_a_local_sweep_is_on_loopback(exposed_sweep: SimpleNamespace) -> None:
+    """Reliability round 3, case 11. Before, Ray's DashboardAgent served Prometheus metrics
+    (session name, task names, resources) on 0.0.0.0 without authentication, and the GCS, raylet,
+    object manager and workers listened on every interface, even though the sweep started Ray for
+    this machine only. The sweep's whole process tree (driver, GCS, raylet, agents, workers) was
+    sampled until it ended."""
+    seen = exposed_sweep.seen
+    names = {name for name, _, _ in seen}
+    assert "gcs_server" in names and any("DashboardAgent" in n for n in names), (names, exposed_sweep.stdout[-2000:])
+    exposed = sorted(s for s in seen if s[1] not in LOOPBACK)
+    assert not exposed, f"listening beyond loopback: {exposed}"
+
+
+def test_environment_secrets_never_reach_mlflow_or_the_report(exposed_sweep: SimpleNamespace) -> None:
+    tmp_path = exposed_sweep.workdir
+    proc = exposed_sweep
     client = client_for(tmp_path)
     experiment = client.get_experiment_by_name("t-exposure")
     runs = client.search_runs([experiment.experiment_id])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY, client_for, run_cli, trial_runs
+from tests.integration.conftest import EAGER_CASTS, TINY, client_for, run_cli, trial_runs
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,8 @@ def _duplicates(client: object, run_id: str) -> dict[str, list[int]]:
 
 def _sweep(store: Path, name: str, *extra: str) -> None:
     run_cli(["sweep", *TINY, "sweep.report=false", "cluster.num_cpus=1", f"sweep.name={name}",
-             "sweep.axes.precision=[fp8_protected]", "sweep.axes.seed=[0]", "sweep.max_retries=1", *extra], store)
+             "sweep.axes.precision=[fp8_protected]", "sweep.axes.seed=[0]", "sweep.max_retries=1", *extra], store,
+            env=EAGER_CASTS)
 
 
 def test_worker_killed_during_eval_resumes_from_the_last_checkpoint_without_duplicates(store: Path) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY, client_for, run_cli
+from tests.integration.conftest import EAGER_CASTS, TINY, client_for, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ def _runs(workdir: Path, experiment: str) -> tuple[list, list]:
 def test_sweep_layout_failures_and_rerun(workdir: Path) -> None:
     args = ["sweep", *TINY, *NO_REPORT, "sweep.name=t-sweep", "sweep.axes.precision=[bf16,fp8_protected]",
             "sweep.axes.seed=[0]", "sweep.axes={fault.kind:[null,raise]}", "fault.step=2"]
-    first = run_cli(args, workdir, check=False)
+    first = run_cli(args, workdir, check=False, env=EAGER_CASTS)
     assert first.returncode == 1, first.stdout + first.stderr  # a FAILED trial -> exit 1, sweep finished
     parents, children = _runs(workdir, "t-sweep")
     assert len(parents) == 1 and len(children) == 4
@@ -58,10 +58,10 @@ def test_sweep_layout_failures_and_rerun(workdir: Path) -> None:
     for run in by_status["FINISHED"]:
         assert {"trial/queue_s", "train/step_s", "train/tokens_per_s_mean", "sys/loadavg_start"} <= set(run.data.metrics)
 
-    dry = run_cli([*args, "--dry-run"], workdir)
+    dry = run_cli([*args, "--dry-run"], workdir, env=EAGER_CASTS)
     assert dry.stdout.count("skip (FINISHED)") == 2
 
-    second = run_cli(args, workdir, check=False)
+    second = run_cli(args, workdir, check=False, env=EAGER_CASTS)
     assert "2 trials (2 already finished)" in second.stdout
     parents, children = _runs(workdir, "t-sweep")
     assert len(parents) == 1 and len(children) == 6  # only the two FAILED cells ran again
