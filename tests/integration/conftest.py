@@ -23,9 +23,9 @@ TINY = ["train.steps=6", "train.log_every=2", "precision.telemetry.every=2", "tr
 
 # For the tests of orchestration (retries, resumes, task plumbing, early stop) whose trials happen to
 # run an FP8 policy: eager casts instead of the compiled ones (FP8LAB_FUSED_CASTS, see
-# workloads/precision/formats.py). Compiling costs each trial process ~5 s of CPU with a warm
-# inductor cache and ~15 s with a cold one (a fresh CI machine), for a 6-step trial that never
-# repays it; both paths give the same bits (tests/unit/workloads/precision), and the CLI-trial,
+# workloads/precision/formats.py). Compiling cost a TINY fp8_naive `fp8lab trial` ~5 s more CPU
+# than eager casts with a warm inductor cache, and one kernel ~12 s more with a cold one (a fresh
+# CI machine), for a 6-step trial that never repays it; both paths give the same bits (tests/unit/workloads/precision), and the CLI-trial,
 # diverged-trial, GPT-2, real-model and two-node tests keep the compiled path end to end.
 EAGER_CASTS = {"FP8LAB_FUSED_CASTS": "off"}
 

@@ -127,17 +127,20 @@ def exposed_sweep(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """One real one-trial sweep (report included) with secrets in its environment, its process
     tree's listening sockets sampled until it ends: read by the secrets and the ports test."""
     workdir = tmp_path_factory.mktemp("exposure")
+    logs = tmp_path_factory.mktemp("exposure-output")  # files, not pipes: nobody reads a pipe while it runs
     # the driver must set Ray's loopback switch itself, not inherit it
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     env.update(SECRETS, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     args = ["sweep", *TINY, "cluster.num_cpus=1", "sweep.name=t-exposure", "sweep.axes.precision=[bf16]", "sweep.axes.seed=[0]"]
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=workdir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    root, seen, deadline = psutil.Process(proc.pid), set(), time.monotonic() + 600
-    while proc.poll() is None and time.monotonic() < deadline:
-        seen |= _listening(root)
-        time.sleep(0.3)
-    stdout, stderr = proc.communicate(timeout=60)
+    with (logs / "stdout").open("w") as out, (logs / "stderr").open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=workdir, env=env,
+                                stdout=out, stderr=err, text=True)
+        root, seen, deadline = psutil.Process(proc.pid), set(), time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen |= _listening(root)
+            time.sleep(0.3)
+        proc.wait(timeout=60)
+    stdout, stderr = (logs / "stdout").read_text(), (logs / "stderr").read_text()
     assert proc.returncode == 0, stdout[-3000:] + stderr[-4000:]
     return SimpleNamespace(workdir=workdir, stdout=stdout, stderr=stderr, seen=seen)
 

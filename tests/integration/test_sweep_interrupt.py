@@ -79,7 +79,7 @@ def _interrupt(workdir: Path, sig: int, finished_before: int) -> Stop:
 def flow(tmp_path_factory: pytest.TempPathFactory) -> Flow:
     workdir = tmp_path_factory.mktemp("interrupt")
     stops = {"SIGINT": _interrupt(workdir, signal.SIGINT, finished_before=1)}
-    # the rerun is the interrupted driver of the second stop: its title line is its stdout's first
+    # the first rerun is the driver the second stop interrupts: its output holds the rerun's title line
     stops["SIGTERM"] = _interrupt(workdir, signal.SIGTERM, finished_before=2)
     last = run_cli(ARGS, workdir)
     final_runs = sorted((r.info.run_name, r.info.status) for r in trial_runs(workdir, NAME))
