@@ -1,4 +1,4 @@
-"""Filesystem facts both the driver and the trial's checks need (standard library only, like
+"""Filesystem and process facts both the driver and the trial's checks need (standard library only, like
 everything in this package, so the torch-free orchestrator and the workloads may both use it)."""
 from __future__ import annotations
 
@@ -12,6 +12,18 @@ def cache_dir() -> Path:
     """fp8lab's cache folder: `$XDG_CACHE_HOME/fp8lab`, else `~/.cache/fp8lab` (what it holds only
     saves time: digests, converted models, the environment report)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fp8lab"
+
+
+def process_exists(pid: int) -> bool:
+    """Whether a process with this pid exists on this machine (someone else's counts: signal 0
+    is refused to it, not unknown). The lease and the trial's temp-folder clean-up ask."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def folder_is_writable(folder: Path) -> bool:

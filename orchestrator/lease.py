@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlparse
 
 from fp8lab_conf.contracts import TAG_DRIVER, TAG_DRIVER_HEARTBEAT
+from fp8lab_conf.filesystem import process_exists
 from orchestrator.errors import UserInputError
 
 DRIVER_LOST = "driver lost"  # the `fp8lab.reason` of those runs
@@ -195,13 +196,7 @@ def _names_live_process(text: str) -> bool:
         return False
     if holder.host != socket.gethostname():
         return True  # another machine's process: nothing to check from here
-    try:
-        os.kill(holder.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_exists(holder.pid)
 
 
 def heartbeat_age(tags: dict[str, str]) -> float:

@@ -80,7 +80,7 @@ def _reuse_finished(client: MlflowClient, run_id: str, spec: TrialSpec, config: 
     """An identical trial (same trial id) already has a complete result: say so and hand back its
     result.json (to trial.output too), as a sweep skips it; --force runs it again."""
     try:
-        with tempfile.TemporaryDirectory(prefix="fp8lab-trial-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="fp8lab-result-") as tmp:
             result = json.loads(Path(client.download_artifacts(run_id, RESULT_JSON, tmp)).read_text())
     except Exception:  # noqa: BLE001 - a run without result.json (older fp8lab): its tag says the outcome
         result = {"status": client.get_run(run_id).data.tags.get(TAG_STATUS, "FINISHED"), "policy": policy_label(config),

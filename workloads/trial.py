@@ -8,6 +8,7 @@ The orchestrator created the MLflow run; this module fills it and closes it.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fp8lab_conf.contracts import METRIC_QUEUE_S, METRIC_TRIAL_WALL_S, TrialLaunch
+from fp8lab_conf.filesystem import process_exists
 from workloads import recipe
 from workloads.precision.ladder import ladder_tags
 from workloads.record.recorder import TrialRecorder
@@ -115,12 +117,33 @@ def _result_skeleton(config: dict[str, Any], ctx: TrialLaunch) -> dict[str, Any]
             "mlflow_run_id": ctx.run_id, "metrics": {}}
 
 
+LOG_DIR_PREFIX = "fp8lab-trial-"  # + the owning process's pid + "-" + mkdtemp's random part
+
+
 def _capture_log() -> tuple[Path, logging.Handler]:
     """Everything logged during the trial also goes to a file logged as logs/trial.log."""
-    path = Path(tempfile.mkdtemp(prefix="fp8lab-trial-")) / "trial.log"
+    remove_orphaned_log_dirs()
+    path = Path(tempfile.mkdtemp(prefix=f"{LOG_DIR_PREFIX}{os.getpid()}-")) / "trial.log"
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(min(root.level or logging.INFO, logging.INFO))
     return path, handler
+
+
+def remove_orphaned_log_dirs() -> list[Path]:
+    """Remove the log folders of trials whose process is gone; return them.
+
+    A trial that ends, fails or is stopped removes its own folder (``run_trial``'s ``finally``),
+    but a SIGKILLed one (the sweep's hard stop, the OOM killer) cannot. Its folder name holds its
+    pid, so the next trial on the machine removes it once no process of that pid exists. A reused
+    pid only delays the removal. Folders of other users' live processes are left alone."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{LOG_DIR_PREFIX}*-*"):
+        pid = folder.name[len(LOG_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not process_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+

@@ -43,6 +43,8 @@ from typing import Any
 
 import pytest
 
+from fp8lab_conf.filesystem import process_exists
+
 pytestmark = [pytest.mark.integration, pytest.mark.multinode]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -355,12 +357,8 @@ class LocalStack:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not process_exists(pid):
         return False
-    except PermissionError:
-        return True
     try:  # a zombie (exited, not yet reaped by its parent) is not running
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
