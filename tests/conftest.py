@@ -36,12 +36,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Record each test's duration (in the xdist controller or a serial run, not in the workers):
-    the next run's scheduler starts the longest tests first (tests/support/unit_costs.py)."""
+    """In the xdist controller or a serial run, not in the workers: record each test's duration
+    (the next run's scheduler starts the longest tests first, tests/support/unit_costs.py), and
+    fail the run if it left run outputs in the checkout (tests/support/checkout_guard.py)."""
     if not hasattr(config, "workerinput"):
+        from tests.support.checkout_guard import CheckoutGuard
         from tests.support.unit_costs import DurationRecorder
 
         config.pluginmanager.register(DurationRecorder(config), "fp8lab-durations")
+        config.pluginmanager.register(CheckoutGuard(config.rootpath), "fp8lab-checkout-guard")
 
 
 @pytest.hookimpl(optionalhook=True)

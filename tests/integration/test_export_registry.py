@@ -57,12 +57,14 @@ def registered(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     adapter = save_adapter(model, root / "trained")
     uri = f"sqlite:///{root}/mlflow.db"
     client = MlflowClient(uri)
-    experiment_id = client.create_experiment("t-registry", artifact_location=str(root / "artifacts"))
+    artifacts = root / "artifacts"
+    experiment_id = client.create_experiment("t-registry", artifact_location=str(artifacts))
     _trial_run(client, experiment_id, "bf16", 0.60, 2.00, adapter)
     run_id = _trial_run(client, experiment_id, "fp8_naive", 0.55, 2.10, adapter)
     out = export_run(uri, run_id, "adapter", root / "export").out_dir
     version = register_export(client, uri, run_id, out, "adapter", "fp8lab-adapter")
-    return SimpleNamespace(uri=uri, client=client, run_id=run_id, out=out, version=version, model=model)
+    return SimpleNamespace(uri=uri, client=client, run_id=run_id, out=out, version=version, model=model,
+                           artifacts=artifacts)
 
 
 def test_registered_adapter_loads_with_the_transformers_flavour(registered: SimpleNamespace) -> None:
@@ -94,6 +96,9 @@ def test_version_is_tagged_and_points_at_a_logged_model(registered: SimpleNamesp
     version = registered.client.get_model_version("fp8lab-adapter", registered.version)
     assert version.run_id == registered.run_id and version.source.startswith("models:/")
     assert version.tags["fp8lab.policy"] == "fp8_naive" and version.tags["fp8lab.export_format"] == "adapter"
+    model = registered.client.get_logged_model(version.source.removeprefix("models:/"))  # with its run, in its artifacts
+    assert model.experiment_id == registered.client.get_run(registered.run_id).info.experiment_id
+    assert Path(model.artifact_location).is_relative_to(registered.artifacts), model.artifact_location
 
 
 def test_model_card_says_policy_sweep_seed_and_the_difference_to_bf16(registered: SimpleNamespace) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import free_port, store_uri
+from tests.support.synthetic import artifacts_beside
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ def _store_with_a_trial(workdir: Path) -> str:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store_uri(workdir))
-    experiment_id = client.create_experiment("fp8lab-default")
+    experiment_id = client.create_experiment("fp8lab-default", artifact_location=artifacts_beside(store_uri(workdir)))
     run = client.create_run(experiment_id, run_name="bf16-s0", tags={"fp8lab.role": "trial", "fp8lab.policy": "bf16"})
     client.log_metric(run.info.run_id, "eval/accuracy", 0.9)
     data = mlflow.data.from_pandas(pd.DataFrame({"prompt": ["a"], "answer": ["b"]}), source="train.jsonl",

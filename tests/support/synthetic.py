@@ -114,6 +114,13 @@ def telemetry_frame(trial: SynthTrial, n_steps: int, layers: int, every: int) ->
     )
 
 
+def artifacts_beside(tracking_uri: str) -> str:
+    """An artifact location for a test's experiment in a SQLite store: the folder `artifacts` next
+    to the database, not MLflow's default `./mlruns` of the working folder (the checkout, where
+    tests must leave nothing: tests/support/checkout_guard.py)."""
+    return (Path(tracking_uri.removeprefix("sqlite:///")).parent / "artifacts").resolve().as_uri()
+
+
 def write_sweep(
     tracking_uri: str,
     experiment: str,
@@ -145,8 +152,7 @@ def write_sweep(
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         if artifact_root is None and tracking_uri.startswith("sqlite:///"):
-            # next to the database, not in the current directory (MLflow's default ./mlruns)
-            artifact_root = (Path(tracking_uri[len("sqlite:///") :]).parent / "artifacts").resolve().as_uri()
+            artifact_root = artifacts_beside(tracking_uri)
         exp_id = client.create_experiment(experiment, artifact_location=artifact_root)
     else:
         exp_id = exp.experiment_id

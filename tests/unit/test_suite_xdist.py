@@ -165,3 +165,27 @@ def test_units_are_ordered_by_cost_with_defaults_by_folder() -> None:
     order = [scope for scope, _ in longest_first(units, costs)]
     assert order == ["tests/unit/x.py::test_known", "tests/integration/test_c.py::test_1", "tests/unit/b.py",
                      "tests/unit/a.py::test_1", "tests/unit/d.py::test_1"]  # a module unit: the sum of its tests
+
+
+LEAKY = '''
+import os
+
+def test_writes_a_store_into_the_checkout():
+    os.makedirs("mlruns/0", exist_ok=True)
+'''
+
+
+def test_run_outputs_left_in_the_checkout_fail_the_run(tmp_path: Path) -> None:
+    """A test that writes MLflow's `./mlruns` into the checkout (its working folder) passes, but
+    the run fails, naming the folder; with README's flags the check runs in the xdist controller."""
+    proc, _, _ = _run(tmp_path, *_two_worker_flags(), module=LEAKY)
+    assert "1 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert f"the tests wrote mlruns into the checkout {tmp_path}" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_run_outputs_already_in_the_checkout_are_left_alone(tmp_path: Path) -> None:
+    """A user's own sweep store in the checkout is not the tests' doing: the run passes."""
+    (tmp_path / "mlruns").mkdir()
+    proc, _, _ = _run(tmp_path, "-p", "no:xdist", module=LEAKY)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -7,6 +7,12 @@ are stored, with a reference to the base model (a hub id, or a local folder thro
 a merged model is logged whole. The pip requirements are the installed versions, given
 explicitly: MLflow's own guess adds torchvision, which a text model does not need (and which is
 not installed here).
+
+The model is logged into the run's own experiment. MLflow 3 files a logged model under the
+process's active experiment, which outside a `start_run` is the Default experiment (id 0), not the
+source run's: the model then sat apart from its run in the UI, with its files in experiment 0's
+artifact folder (by default `./mlruns/0` of whichever folder created the store) rather than the
+sweep's `tracking.artifact_location`.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ def log_transformers_model(tracking_uri: str, run_id: str, model: Any, base_mode
     from huggingface_hub import ModelCard
 
     mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(experiment_id=mlflow.MlflowClient(tracking_uri).get_run(run_id).info.experiment_id)
     info = mlflow.transformers.log_model(
         model, name=MODEL_ARTIFACT, task=TASK, run_id=run_id, model_card=ModelCard(card), input_example=[example],
         base_model_path=base_model_path, pip_requirements=_pinned())

@@ -19,7 +19,7 @@ for _p in (ROOT, Path(__file__).resolve().parent):  # run without PYTHONPATH too
 
 from _report_data import PARAMS, SynthTrial, axes_trials, main_trials  # noqa: E402
 
-from tests.support.synthetic import write_sweep  # noqa: E402
+from tests.support.synthetic import artifacts_beside, write_sweep  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
         n_steps=3,
     )
     ids = [t.resolved_trial_id() for t in [*first, SynthTrial("bf16", 2)]]
-    MlflowClient(uri).create_experiment("exp-empty")  # an experiment without sweeps
+    # an experiment without sweeps
+    MlflowClient(uri).create_experiment("exp-empty", artifact_location=artifacts_beside(uri))
     MlflowClient(uri).log_dict(ext["parent_run_id"], {"trial_ids": ids}, "sweep/trials.json")
     MlflowClient(uri).log_dict(
         axes["parent_run_id"], {"device": {"name": "cpu", "cores": 2}, "versions": {"mlflow": "3.17.2"}}, "env.json"

@@ -12,6 +12,7 @@ from orchestrator.errors import UserInputError
 from orchestrator.params import sweep_params, trial_params
 from orchestrator.sweep_summary import log_policy_summary, log_sweep_params, policy_means
 from orchestrator.ui import ML_KIND, runs_view_url, server_env
+from tests.support.synthetic import artifacts_beside
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_params_are_the_semantic_config_only() -> None:
 
 def test_parent_run_gets_the_matrix_and_per_policy_means(store: str) -> None:
     client = MlflowClient(store)
-    exp = client.create_experiment("parent")
+    exp = client.create_experiment("parent", artifact_location=artifacts_beside(store))
     parent = client.create_run(exp).info.run_id
     earlier = client.create_run(exp, tags={"fp8lab.policy": "fp8_naive+bf16_lora_gemm", "fp8lab.status": "FINISHED"})
     client.log_metric(earlier.info.run_id, "eval/accuracy", 0.5)
@@ -99,7 +100,7 @@ def test_ui_opens_the_ml_runs_view_of_the_experiment_without_the_job_runner(stor
     assert not (tmp_path / "m.db").exists()  # no store is created just to build a URL
     assert runs_view_url(store, "ui", "127.0.0.1", 5001).endswith("/#/experiments?workflowType=machine_learning")
     client = MlflowClient(store)
-    exp = client.create_experiment("ui")
+    exp = client.create_experiment("ui", artifact_location=artifacts_beside(store))
     assert runs_view_url(store, "ui", "0.0.0.0", 5001) == \
         f"http://127.0.0.1:5001/#/experiments/{exp}/runs?workflowType=machine_learning"
     assert client.get_experiment(exp).tags["mlflow.experimentKind"] == ML_KIND

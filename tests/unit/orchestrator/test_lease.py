@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from fp8lab_conf.contracts import TAG_DRIVER, TAG_DRIVER_HEARTBEAT, TAG_DRIVER_LOST
 from orchestrator import lease, runs
+from tests.support.synthetic import artifacts_beside
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -130,7 +131,7 @@ def test_runs_of_a_lost_driver_are_closed_and_a_live_drivers_left_alone(tmp_path
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     lease.ready_store(uri)
     client = MlflowClient(uri)
-    exp = runs.ensure_experiment(client, "lost", None)
+    exp = runs.ensure_experiment(client, "lost", artifacts_beside(uri))
     parent = runs.open_parent_run(client, exp, "s-lost", "lost", "a: 1\n")
     client.set_tag(parent, TAG_DRIVER, "pid 4242 on node-7 since 2026-01-01 00:00:00 UTC")
     child = client.create_run(exp, tags={"fp8lab.role": "trial", "fp8lab.sweep_id": "s-lost",

@@ -10,6 +10,7 @@ from orchestrator import runs
 from orchestrator.config_loader import compose_config, to_container
 from orchestrator.errors import UserInputError
 from orchestrator.matrix import expand_sweep
+from tests.support.synthetic import artifacts_beside
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def store(tmp_path: Path) -> str:
 def test_parent_and_child_runs_have_the_layout(store: str) -> None:
     client = MlflowClient(store)
     specs = expand_sweep([], to_container(compose_config([])))
-    exp = runs.ensure_experiment(client, "t", None)
+    exp = runs.ensure_experiment(client, "t", artifacts_beside(store))
     parent = runs.open_parent_run(client, exp, "abc123", "t", "x: 1\n")
     child = runs.create_trial_run(client, exp, specs[5], "abc123", parent, {"lora.r": 8})
     run = client.get_run(child)
@@ -37,7 +38,7 @@ def test_parent_and_child_runs_have_the_layout(store: str) -> None:
 def test_finished_trials_and_closing_unfinished(store: str) -> None:
     client = MlflowClient(store)
     specs = expand_sweep([], to_container(compose_config([])))
-    exp = runs.ensure_experiment(client, "t", None)
+    exp = runs.ensure_experiment(client, "t", artifacts_beside(store))
     done = runs.create_trial_run(client, exp, specs[0], "s", None, {})
     client.set_tag(done, "fp8lab.status", "FINISHED")
     client.set_terminated(done, "FINISHED")

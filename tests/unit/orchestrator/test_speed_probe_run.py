@@ -9,6 +9,7 @@ from mlflow.tracking import MlflowClient
 from analysis.load import fetch_parent
 from analysis.speed_probe import probe_ratios
 from orchestrator import speed_probe_run
+from tests.support.synthetic import artifacts_beside
 
 RESULT = {"rounds": 6, "chunk": 5, "confidence": 0.95, "loadavg_start": 1.0, "loadavg_end": 1.5, "cpu_count": 2,
           "probe_s": 1.0,
@@ -19,7 +20,7 @@ RESULT = {"rounds": 6, "chunk": 5, "confidence": 0.95, "loadavg_start": 1.0, "lo
 def test_the_probe_is_logged_on_the_parent_run_and_read_back_by_the_report(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/m.db"
     client = MlflowClient(uri)
-    parent = client.create_run(client.create_experiment("e")).info.run_id
+    parent = client.create_run(client.create_experiment("e", artifact_location=artifacts_beside(uri))).info.run_id
     seen = {}
 
     class Task:

@@ -12,13 +12,14 @@ from fp8lab_conf.contracts import (
     CHECKPOINT_OWNER_FILE, ROLE_TRIAL, TAG_DRIVER_LOST, TAG_REASON, TAG_ROLE, TAG_STATUS, TAG_SWEEP_ID, TAG_TRIAL_ID,
 )
 from orchestrator import lease, runs, trial_claim
+from tests.support.synthetic import artifacts_beside
 
 
 def _store(tmp_path: Path) -> tuple[str, MlflowClient, str]:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     lease.ready_store(uri)
     client = MlflowClient(uri)
-    return uri, client, client.create_experiment("e")
+    return uri, client, client.create_experiment("e", artifact_location=artifacts_beside(uri))
 
 
 def _trial_run(client: MlflowClient, experiment_id: str, trial_id: str, **tags: str) -> str:

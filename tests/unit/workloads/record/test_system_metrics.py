@@ -8,12 +8,13 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from workloads.record.logger import SystemMetrics
+from tests.support.synthetic import artifacts_beside
 
 
 def test_short_and_retried_trials_get_one_value_per_step(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/m.db"
     client = MlflowClient(uri)
-    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    run_id = client.create_run(client.create_experiment("x", artifact_location=artifacts_beside(uri))).info.run_id
     for _ in range(2):  # the first attempt and a retry, each shorter than the 30 s interval
         monitor = SystemMetrics(uri, run_id, interval_s=30)
         time.sleep(0.2)
