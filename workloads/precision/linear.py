@@ -32,9 +32,9 @@ import weakref
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from workloads.precision import cpu_gemm
 from workloads.precision.formats import FUSED, has_nan_code
 from workloads.precision.scaled_mm import Operand, ScaledMmGemm, gemm_nt, transpose_operand
 from workloads.precision.scaling import CastSpec, Fp8Tensor, Role, ScalingRecipe, TensorScaler
@@ -221,7 +221,7 @@ class _BaseLinearFn(torch.autograd.Function):
             out = out if mod.bias is None else out + mod.bias
             return out.reshape(*x.shape[:-1], out.shape[-1])
         x_c = mod.act_cast(x, mod.compute_dtype)
-        return F.linear(x_c, mod.dequantized_weight(), mod.bias)
+        return cpu_gemm.linear(x_c, mod.dequantized_weight(), mod.bias)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None]:
@@ -235,7 +235,7 @@ class _BaseLinearFn(torch.autograd.Function):
             dx = gemm_nt(mod.real_gemm, g_op, w_t, mod.compute_dtype, "dgrad")
             return dx.reshape(*grad_out.shape[:-1], dx.shape[-1]).to(ctx.x_dtype), None
         g = mod.dgrad_cast(grad_out, mod.compute_dtype)
-        return (g @ mod.dequantized_weight()).to(ctx.x_dtype), None
+        return cpu_gemm.matmul(g, mod.dequantized_weight()).to(ctx.x_dtype), None
 
 
 class Fp8BaseLinear(nn.Module):
@@ -491,7 +491,7 @@ class _LoraFp8Fn(torch.autograd.Function):
         x_q = mod.act_cast(x, cd)
         w_q = mod.weight_cast(weight, cd)
         ctx.save_for_backward(x_q, w_q)
-        return F.linear(x_q, w_q)
+        return cpu_gemm.linear(x_q, w_q)
 
     @staticmethod
     def backward(
@@ -502,11 +502,11 @@ class _LoraFp8Fn(torch.autograd.Function):
             return _LoraFp8Fn.real_backward(ctx, mod, grad_out)
         x_q, w_q = ctx.saved_tensors
         g = mod.grad_cast(grad_out, mod.compute_dtype)
-        dx = (g @ w_q).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+        dx = cpu_gemm.matmul(g, w_q).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
         dw = None
         if ctx.needs_input_grad[1]:
             g2d = g.reshape(-1, g.shape[-1])
-            dw = (g2d.t() @ x_q.reshape(-1, x_q.shape[-1])).to(ctx.w_dtype)
+            dw = cpu_gemm.matmul(g2d.t(), x_q.reshape(-1, x_q.shape[-1])).to(ctx.w_dtype)
         return dx, dw, None
 
     @staticmethod
@@ -615,4 +615,4 @@ class LoraComputeLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cd = self.compute_dtype
         bias = None if self.bias is None else self.bias.to(cd)
-        return F.linear(x.to(cd), self.weight.to(cd), bias)
+        return cpu_gemm.linear(x.to(cd), self.weight.to(cd), bias)

@@ -37,10 +37,10 @@ from collections import Counter
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fp8lab_conf.contracts import GEMM_MODES
+from workloads.precision import cpu_gemm
 from workloads.precision.scaling import Fp8Tensor
 
 __all__ = [
@@ -89,7 +89,7 @@ def gemm_nt(real: ScaledMmGemm, a: Operand, b: Operand, dtype: torch.dtype, gemm
     fp8 = isinstance(a, Fp8Tensor) and isinstance(b, Fp8Tensor)
     out = real.mm(a if fp8 else None, b if fp8 else None, dtype, gemm)
     if out is None:
-        out = F.linear(_decoded(a, dtype), _decoded(b, dtype))
+        out = cpu_gemm.linear(_decoded(a, dtype), _decoded(b, dtype))
     return out
 
 

@@ -72,7 +72,11 @@ def apply_backend(
     order that can (``entries.auto_order()``: transformer_engine -> torchao -> emulated) runs
     instead, with a warning; an explicit request raises instead of silently running something
     else.
+
+    On a CPU without native BF16 GEMMs the model's remaining plain linears are then routed through
+    FP32 GEMMs (``cpu_gemm``: same operands and rounding, 5-8x faster steps there).
     """
+    from workloads.precision import cpu_gemm
     from workloads.precision.backends.base import BackendChoice, load_backend
     from workloads.precision.policy import get_policy
 
@@ -94,7 +98,12 @@ def apply_backend(
             )
             log.info("precision.backend=auto -> %s for policy %s", candidate, policy.name)
     backend = load_backend(backend_choice.name)
-    return backend.apply(model, policy, telemetry, backend_choice, **options)
+    handle = backend.apply(model, policy, telemetry, backend_choice, **options)
+    if cpu_gemm.applies_to(model):  # last: a backend's own swaps (torchao converts plain nn.Linear) come first
+        routed = cpu_gemm.route_cpu_gemms(model)
+        handle.plan.append(dict(cpu_gemm.PLAN_ROW))
+        log.info("no native BF16 GEMM on this CPU: BF16 GEMMs run as FP32 GEMMs (%d linears routed)", routed)
+    return handle
 
 
 def backend_policy_errors(backend: str, policy: PrecisionPolicy | str) -> list[str]:
