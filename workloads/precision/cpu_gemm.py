@@ -62,8 +62,9 @@ class _UpcastLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight = ctx.saved_tensors
-        g2d = grad.reshape(-1, grad.shape[-1]).float()
-        dx = _fp32_mm(grad, weight, x.dtype) if ctx.needs_input_grad[0] else None
+        g32 = grad.float()  # once, for every gradient asked for (a frozen base linear asks for dx only)
+        dx = _fp32_mm(g32, weight, x.dtype) if ctx.needs_input_grad[0] else None
+        g2d = g32.reshape(-1, g32.shape[-1])
         dw = _fp32_mm(g2d.t(), x.reshape(-1, x.shape[-1]), weight.dtype) if ctx.needs_input_grad[1] else None
         db = g2d.sum(0).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
         return dx, dw, db
