@@ -69,7 +69,6 @@ __all__ = [
     "quantize_dequantize",
     "FUSED",
     "FUSED_MIN_NUMEL",
-    "FUSED_STATS_MIN_NUMEL",
 ]
 
 
@@ -484,14 +483,6 @@ def quantize_dequantize(
 # warning) and the eager path takes over. FP8LAB_FUSED_CASTS=off|on|auto (default auto).
 
 FUSED_MIN_NUMEL = 1 << 18  # 256 Ki elements: below this, compiling does not pay for itself
-# The telemetry's statistics of one cast (``telemetry._k_cast_stats``, ~10 eager reductions in one
-# compiled loop) from this size where ATen's CPU kernels run at AVX2 (no AVX-512), and from
-# FUSED_MIN_NUMEL elsewhere. Measured with one thread: on a 2-core AVX2 EPYC, a 38 Ki-element BF16
-# activation's statistics 211 -> ~90 us, and one recorded fp8_naive step of the embedded model
-# (38 Ki- and 152 Ki-element casts measured at once) 28-38 -> 24-25 ms of statistics in three
-# processes; on AVX-512 CPUs (Xeon, AVX512-BF16 EPYC) the eager reductions were as fast or faster
-# below 256 Ki elements (README, monitoring). Smaller casts are batched (``BATCH_BELOW_NUMEL``).
-FUSED_STATS_MIN_NUMEL = 1 << 15
 _INF = float("inf")
 
 
@@ -546,17 +537,14 @@ class _Fused:
     def __init__(self) -> None:
         self.mode = os.environ.get("FP8LAB_FUSED_CASTS", "auto").strip().lower()
         self.min_numel = FUSED_MIN_NUMEL
-        self.stats_min_numel = FUSED_STATS_MIN_NUMEL if _aten_cpu_capability() == "AVX2" else FUSED_MIN_NUMEL
         self._available: bool | None = None
         self._compiled: dict[Any, Any] = {}
 
-    def usable(self, t: torch.Tensor, min_numel: int | None = None) -> bool:
-        """Whether ``t`` should take the compiled path (large, on CPU, compiler available).
-        ``min_numel``: the size from which the kernel pays for its call (default ``self.min_numel``,
-        the casts'; the telemetry's statistics use ``self.stats_min_numel``)."""
+    def usable(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` should take the compiled path (large, on CPU, compiler available)."""
         if self.mode in ("off", "0", "false", "no") or t.device.type != "cpu":
             return False
-        if t.numel() < (self.min_numel if min_numel is None else min_numel):
+        if t.numel() < self.min_numel:
             return False
         if self._available is None:
             self._available = self._probe()
@@ -628,14 +616,6 @@ RECOMPILE_LIMIT = 64
 # raises past it). Older ones need the global config patched around every call, which costs
 # ~30-45 us a call (measured on a 2-core AVX2 EPYC): as much as a mid-sized kernel's own work.
 _PER_FUNCTION_LIMIT = "recompile_limit" in inspect.signature(torch.compile).parameters
-
-
-def _aten_cpu_capability() -> str:
-    """The vector ISA ATen's CPU kernels dispatch to here (``AVX2``, ``AVX512``, ``DEFAULT``...)."""
-    try:
-        return str(torch.backends.cpu.get_cpu_capability())
-    except (AttributeError, RuntimeError):
-        return "unknown"
 
 
 def _compile(fn: Any, dynamic: bool, backend: str = "inductor") -> Any:

@@ -124,7 +124,7 @@ def _cast_parts(
     dev = x_hp.device
     zero = _const(0.0, dev)
     fused = None
-    if FUSED.usable(x_hp, FUSED.stats_min_numel):  # one compiled loop from mid-sized tensors up
+    if FUSED.usable(x_hp):
         fused = FUSED.run(_k_cast_stats, (x_hp.reshape(-1), x_dq.reshape(-1)))
     if fused is not None:  # one compiled loop over both tensors (large CPU tensors)
         nonzero_hp, amax, sq_err, nonfinite = fused.unbind()  # nonzero_hp: the underflow count itself

@@ -52,7 +52,6 @@ def fused(monkeypatch):
         pytest.skip("torch.compile has no C++ compiler here")
     monkeypatch.setattr(FUSED, "mode", "auto")
     monkeypatch.setattr(FUSED, "min_numel", 0)
-    monkeypatch.setattr(FUSED, "stats_min_numel", 0)
     monkeypatch.setattr(FUSED, "_available", True)
 
 
@@ -199,53 +198,6 @@ def test_recorded_large_cast_takes_the_compiled_path_with_the_same_numbers(fused
     assert_same(outputs[0], outputs[1])
     assert math.isnan(rows[0].pop("value")) and math.isnan(rows[1].pop("value"))  # casts carry no value
     assert rows[0] == rows[1] and rows[0]["underflow_pct"] > 0
-
-
-@pytest.mark.parametrize("capability", ["AVX2", "AVX512", "DEFAULT"])
-def test_the_compiled_stats_start_lower_only_where_aten_runs_at_avx2(monkeypatch, capability):
-    monkeypatch.setattr(formats, "_aten_cpu_capability", lambda: capability)
-    expected = formats.FUSED_STATS_MIN_NUMEL if capability == "AVX2" else formats.FUSED_MIN_NUMEL
-    assert formats._Fused().stats_min_numel == expected
-    assert formats.FUSED_STATS_MIN_NUMEL < formats.FUSED_MIN_NUMEL
-
-
-def test_mid_sized_recorded_casts_take_the_compiled_stats_with_the_same_numbers(monkeypatch):
-    """At the AVX2 threshold, a cast too small for the compiled cast kernels but at least
-    ``FUSED.stats_min_numel`` (here an embedded-model activation, 16x19x128) has its telemetry
-    statistics computed by the compiled kernel; every count, amax and scale is the eager path's,
-    and the mse equal up to FP32 summation order."""
-    from workloads.precision import telemetry
-    from workloads.precision.telemetry import Fp8Telemetry
-
-    if not FUSED._probe():
-        pytest.skip("torch.compile has no C++ compiler here")
-    monkeypatch.setattr(FUSED, "mode", "auto")
-    monkeypatch.setattr(FUSED, "_available", True)
-    monkeypatch.setattr(FUSED, "stats_min_numel", formats.FUSED_STATS_MIN_NUMEL)
-    x = (torch.randn(16, 19, 128, generator=torch.Generator().manual_seed(2)) * 2e-3).to(torch.bfloat16)
-    assert FUSED.stats_min_numel <= x.numel() < FUSED.min_numel
-    assert x.numel() >= telemetry.BATCH_BELOW_NUMEL  # measured at once, not batched
-    ran = []
-    real_run = FUSED.run
-    monkeypatch.setattr(FUSED, "run", lambda fn, args, **kw: ran.append(fn.__name__) or real_run(fn, args, **kw))
-    scaler = TensorScaler(ScalingRecipe("current"), E4M3, "activation")
-    q, saturated = scaler.quantize(x, count_saturated=True)
-    x_dq = q.dequantize(torch.bfloat16)
-
-    def row() -> dict:
-        tel = Fp8Telemetry()
-        tel.begin_step(0, record=True)
-        tel.record_cast("l", "activation", x, x_dq, q.scale_inv, saturated, q.data, not q.may_have_nan)
-        return tel.end_step().rows[0]
-
-    compiled = row()
-    assert ran == ["_k_cast_stats"]
-    monkeypatch.setattr(FUSED, "stats_min_numel", x.numel() + 1)
-    eager = row()
-    assert ran == ["_k_cast_stats"]  # the eager reductions this time
-    assert compiled.pop("mse") == pytest.approx(eager.pop("mse"), rel=1e-5)
-    assert math.isnan(compiled.pop("value")) and math.isnan(eager.pop("value"))
-    assert compiled == eager and compiled["underflow_pct"] > 0
 
 
 def test_a_kernel_past_its_recompile_limit_falls_back_to_eager_with_a_warning(monkeypatch):
