@@ -531,6 +531,30 @@ def _k_decode(
     return y.to(out_dtype)
 
 
+# One compiled variant per frozen-weight shape: allow a model's worth of them, and never silently
+# run a kernel's Python eagerly past the limit (slow: torch's scalar float8 conversions); hitting
+# it raises, and `_Fused.run` falls back to the eager path instead.
+RECOMPILE_LIMIT = 64
+# torch >= 2.13 takes the limit per function (`torch.compile(recompile_limit=, fullgraph=True)`
+# raises past it). Older ones need the global config patched around every call, which costs
+# ~30-45 us a call (measured on a 2-core AVX2 EPYC): as much as a mid-sized kernel's own work.
+_PER_FUNCTION_LIMIT = "recompile_limit" in inspect.signature(torch.compile).parameters
+
+
+def _compile(fn: Any, dynamic: bool, backend: str = "inductor") -> Any:
+    """``torch.compile(fn)`` that raises past ``RECOMPILE_LIMIT`` variants, on any torch version
+    (``backend``: for tests)."""
+    if _PER_FUNCTION_LIMIT:
+        return torch.compile(fn, dynamic=dynamic, backend=backend, fullgraph=True, recompile_limit=RECOMPILE_LIMIT)
+    compiled = torch.compile(fn, dynamic=dynamic, backend=backend)
+
+    def limited(*args: Any) -> Any:
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+            return compiled(*args)
+
+    return limited
+
+
 class _Fused:
     """Lazily compiled kernels with an eager fallback (see the section comment)."""
 
@@ -594,10 +618,7 @@ class _Fused:
         try:
             if compiled is None:
                 compiled = self._compiled[key] = _compile(fn, dynamic)
-            if _PER_FUNCTION_LIMIT:
-                return compiled(*args)
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
-                return compiled(*args)
+            return compiled(*args)
         except Exception as exc:  # noqa: BLE001 - no compiler, inductor bug...: fall back to eager
             self._available = False
             warnings.warn(
@@ -606,23 +627,6 @@ class _Fused:
                 stacklevel=3,
             )
             return None
-
-
-# One compiled variant per frozen-weight shape: allow a model's worth of them, and never silently
-# run a kernel's Python eagerly past the limit (slow: torch's scalar float8 conversions); hitting
-# it raises, and `_Fused.run` falls back to the eager path instead.
-RECOMPILE_LIMIT = 64
-# torch >= 2.13 takes the limit per function (`torch.compile(recompile_limit=, fullgraph=True)`
-# raises past it). Older ones need the global config patched around every call, which costs
-# ~30-45 us a call (measured on a 2-core AVX2 EPYC): as much as a mid-sized kernel's own work.
-_PER_FUNCTION_LIMIT = "recompile_limit" in inspect.signature(torch.compile).parameters
-
-
-def _compile(fn: Any, dynamic: bool, backend: str = "inductor") -> Any:
-    """``torch.compile(fn)`` with the recompile limit of ``_Fused.run`` (``backend``: for tests)."""
-    if _PER_FUNCTION_LIMIT:
-        return torch.compile(fn, dynamic=dynamic, backend=backend, fullgraph=True, recompile_limit=RECOMPILE_LIMIT)
-    return torch.compile(fn, dynamic=dynamic, backend=backend)
 
 
 FUSED = _Fused()
