@@ -566,9 +566,12 @@ class _Fused:
 
     def usable(self, t: torch.Tensor) -> bool:
         """Whether ``t`` should take the compiled path (large, on CPU, compiler available)."""
+        return t.numel() >= self.min_numel and self.compiles(t)
+
+    def compiles(self, t: torch.Tensor) -> bool:
+        """Whether compiled kernels serve tensors on ``t``'s device at all, whatever their size
+        (on CPU with a compiler; a batch of small tensors stacked into one is worth a kernel)."""
         if self.mode in ("off", "0", "false", "no") or t.device.type != "cpu":
-            return False
-        if t.numel() < self.min_numel:
             return False
         if self._available is None:
             self._available = self._probe()

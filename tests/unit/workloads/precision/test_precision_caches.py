@@ -17,17 +17,18 @@ from workloads.precision.apply import apply_policy
 from workloads.precision.formats import E4M3, E5M2
 from workloads.precision.linear import Fp8BaseLinear, Fp8TiedLinear
 from workloads.precision.scaling import CastSpec, ScalingRecipe, TensorScaler
-from workloads.precision.telemetry import Fp8Telemetry, cast_stats
+from workloads.precision.telemetry import Fp8Telemetry
 from tests.unit.workloads.precision.test_precision_apply import tiny_lora_model
 
 
 def _uncached(monkeypatch) -> None:
-    """Every cast computed afresh, stats as before the caches (no amax reuse)."""
+    """Every cast computed afresh, stats as before the caches (no amax reuse; measured the way the
+    cached run measures them, so batched casts meet the same batch kernel)."""
 
     def cast_with_stats(site, x, dtype):
         q, saturated = site.scaler.quantize(x, count_saturated=True)
         x_dq = q.dequantize(dtype)
-        return x_dq, cast_stats(x, x_dq, q.scale_inv, saturated, q.data, not q.may_have_nan)
+        return x_dq, site.telemetry.measure(x, x_dq, q.scale_inv, saturated, q.data, not q.may_have_nan)
 
     monkeypatch.setattr(linear.CastSite, "cast_with_stats", cast_with_stats)
     monkeypatch.setattr(linear._SharedCastCache, "get", lambda cache, x, dtype, site, rec: site.uncached(x, dtype, rec))

@@ -201,26 +201,49 @@ def _comparable(rows: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("policy", ["fp8_naive", "fp8_protected", "fp8_unscaled_fp8_adapters"])
-def test_batched_small_casts_log_the_values_of_one_cast_at_a_time(policy):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_batched_small_casts_log_the_values_of_one_cast_at_a_time(policy, compiled, monkeypatch):
     """Small casts measured together at the end of the step (``Fp8Telemetry.measure``) log the same
-    rows and aggregates, bit for bit on CPU, as each cast measured alone when it happens
-    (``batch_below_numel=0``: ``cast_stats`` per cast, the path before batching). The tiny model's
+    rows and aggregates as each cast measured alone when it happens (``batch_below_numel=0``:
+    ``cast_stats`` per cast, the path before batching): bit for bit with the eager per-row
+    reductions; with the compiled batch kernel (``_k_row_stats``, where a C++ compiler is there)
+    every count, amax and scale exactly and ``mse`` to FP32 summation order. The tiny model's
     casts are all small, so every row of the batched run came from a batch."""
+    from workloads.precision.formats import FUSED
+
+    if compiled and not FUSED.compiles(torch.zeros(1)):
+        pytest.skip("torch.compile has no C++ compiler here")
+    if not compiled:
+        monkeypatch.setattr(FUSED, "mode", "off")
     batched = Fp8Telemetry()
     rows, metrics = _rows_and_metrics(policy, batched)
     one_by_one, one_metrics = _rows_and_metrics(policy, Fp8Telemetry(batch_below_numel=0))
     kinds = {r["kind"] for r in rows}
     assert {"activation", "dgrad"} <= kinds or policy == "fp8_protected"
     assert len(rows) == len(one_by_one) > 20
+    if compiled:  # the summation order of the squared error is the kernel's: compare mse apart
+        assert [r["mse"] for r in rows] == pytest.approx([r["mse"] for r in one_by_one], rel=1e-5, nan_ok=True)
+        assert any(r["mse"] > 0 for r in rows)
+        rows, one_by_one = ([{k: v for k, v in r.items() if k != "mse"} for r in rs] for rs in (rows, one_by_one))
+        metrics = {k: v for k, v in metrics.items() if "mse" not in k}
+        one_metrics = {k: v for k, v in one_metrics.items() if "mse" not in k}
     assert _comparable(rows) == _comparable(one_by_one)
     assert {k: str(v) for k, v in metrics.items()} == {k: str(v) for k, v in one_metrics.items()}
 
 
-def test_batched_stats_keep_counts_nan_and_scales_per_cast():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_batched_stats_keep_counts_nan_and_scales_per_cast(compiled, monkeypatch):
     """Edge values in one batch: zeros, -0.0, NaN, Inf, saturation, per-tensor and block scales;
-    every row equals ``cast_stats`` of that cast alone (counts and amax exactly, mse to FP32
-    rounding, which on CPU is exact too)."""
+    every row equals ``cast_stats`` of that cast alone (counts, amax and scales exactly; mse to
+    FP32 rounding, which with the eager reductions on CPU is exact too, and with the compiled
+    batch kernel is its summation order)."""
+    from workloads.precision.formats import FUSED
     from workloads.precision.scaling import ScalingRecipe, TensorScaler
+
+    if compiled and not FUSED.compiles(torch.zeros(1)):
+        pytest.skip("torch.compile has no C++ compiler here")
+    if not compiled:
+        monkeypatch.setattr(FUSED, "mode", "off")
 
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(8, 64, generator=g) * s for s in (1e-3, 1.0, 1e3)]
@@ -242,6 +265,8 @@ def test_batched_stats_keep_counts_nan_and_scales_per_cast():
             ref_row = {"underflow_pct": ref[0].item() / 512 * 100, "overflow_pct": ref[1].item() / 512 * 100,
                        "amax": ref[2].item(), "scale_inv_min": ref[3].item(), "scale_inv_max": ref[4].item(),
                        "mse": ref[5].item(), "nonfinite": int(ref[6].item())}
+            if compiled:
+                assert row["mse"] == pytest.approx(ref_row.pop("mse"), rel=1e-5, nan_ok=True), (recipe.kind, row["layer"])
             assert _comparable([{k: row[k] for k in ref_row}]) == _comparable([ref_row]), (recipe.kind, row["layer"])
         assert rows[0]["nonfinite"] >= 2 and rows[3]["underflow_pct"] == 0.0
 
