@@ -2,7 +2,7 @@
 
     python benchmarks/telemetry_overhead.py            # 4-8 min: bf16 (the default trial), fp8_protected, fp8_naive
     python benchmarks/telemetry_overhead.py --hidden 1024 --rounds 8 --max-rounds 12   # the wide model (~9 min)
-    python benchmarks/telemetry_overhead.py --model smollm2-135m --variants off,default --rounds 6 --max-rounds 6 --chunk 5
+    python benchmarks/telemetry_overhead.py --model smollm2-135m --variants off,default --rounds 8 --max-rounds 8   # ~20 min
     python benchmarks/telemetry_overhead.py --smoke    # seconds, for CI
     python benchmarks/telemetry_overhead.py --json out.json --rounds 16
 
@@ -24,7 +24,9 @@ them):
   the reference that fp8lab's batched telemetry replaces.
 
 The variants run interleaved in chunks of ``--chunk`` steps (a chunk of 10 holds exactly one
-recorded step of ``default``), the order rotating each round; the figure is the median over
+recorded step of ``default``; the step count restarts with each chunk, so a chunk that is not a
+multiple of ``precision.telemetry.every`` is refused: it would hold none, or the wrong share),
+the order rotating each round; the figure is the median over
 rounds of each chunk's time per step, and the overhead the median of the per-round ratio to
 ``off``. Torch uses one thread.
 
@@ -214,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="where to write the figures (default benchmarks/results/)")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.rounds, args.max_rounds, args.chunk, args.policies = 2, 2, 2, "bf16"
+        args.rounds, args.max_rounds, args.policies = 2, 2, "bf16"
+    if problem := chunk_problem(args.chunk, args.policies.split(",")):
+        parser.error(problem)
     common.pin_threads(1)
     results = []
     with tempfile.TemporaryDirectory(prefix="fp8lab-bench-") as tmp:
@@ -252,6 +256,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average (1/5/15 min) at start {_load(env['loadavg_at_start'])}, at end {_load(env['loadavg_at_end'])} "
           f"({os.cpu_count()} cores)\nJSON: {path}")
     return 0
+
+
+def chunk_problem(chunk: int, policies: list[str]) -> str | None:
+    """Why ``--chunk`` cannot measure the default cadence, or None. A chunk is a fresh call of the
+    training loop whose step count restarts at 1, so a chunk shorter than (or not a multiple of)
+    ``precision.telemetry.every`` holds no recorded step, or a share of them that is not the
+    cadence's: ``default`` would then time the health signals alone and call it monitoring."""
+    for policy in policies:
+        every = common.default_config([f"precision={policy}"])["precision"]["telemetry"]["every"]
+        if chunk % every:
+            return (f"--chunk {chunk}: must be a multiple of precision.telemetry.every ({every}, policy {policy}), "
+                    f"or its chunks do not hold the default cadence's recorded steps; use --chunk {every}")
+    return None
 
 
 def verdict_line(res: dict[str, Any]) -> str:

@@ -47,6 +47,17 @@ def test_telemetry_overhead_smoke(bench, tmp_path):
     assert variants["default"]["wall"]["ratio"]["n"] == 2 and "overhead_pct" in variants["default"]["cpu"]
 
 
+def test_telemetry_overhead_refuses_a_chunk_that_holds_no_recorded_step(bench, tmp_path, capsys):
+    """A chunk restarts the step count, so 4-step chunks never reach the 10th step that telemetry
+    records: the default variant would time the health signals alone. Refused before any work."""
+    out = tmp_path / "t.json"
+    with pytest.raises(SystemExit) as refused:
+        bench("telemetry_overhead").main(["--chunk", "4", "--json", str(out)])
+    assert refused.value.code == 2
+    assert "--chunk 4: must be a multiple of precision.telemetry.every (10" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_fp8_emulation_smoke(bench, tmp_path):
     out = tmp_path / "e.json"
     assert bench("fp8_emulation").main(["--smoke", "--json", str(out)]) == 0
