@@ -141,6 +141,19 @@ def default_config(overrides: list[str] | None = None) -> dict[str, Any]:
     return to_container(compose_config(list(overrides or []), None))
 
 
+def chunk_problem(chunk: int, policies: list[str]) -> str | None:
+    """Why ``--chunk`` cannot time the default telemetry cadence, or None. A chunk is a fresh call of
+    the training loop whose step count restarts at 1 (``InProcessTrial.run_chunk``), so a chunk
+    shorter than, or not a multiple of, ``precision.telemetry.every`` holds no recorded step, or a
+    share of them that is not the cadence's: a "default" variant would then time something else."""
+    for policy in policies:
+        every = default_config([f"precision={policy}"])["precision"]["telemetry"]["every"]
+        if chunk < every or chunk % every:
+            return (f"--chunk {chunk}: must be a multiple of precision.telemetry.every ({every}, policy {policy}), "
+                    f"or its chunks do not hold the default cadence's recorded steps; use --chunk {every}")
+    return None
+
+
 def build_trial(
     policy: str = "bf16",
     *,

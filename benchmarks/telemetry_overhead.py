@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.max_rounds, args.policies = 2, 2, "bf16"
-    if problem := chunk_problem(args.chunk, args.policies.split(",")):
+    if problem := common.chunk_problem(args.chunk, args.policies.split(",")):
         parser.error(problem)
     common.pin_threads(1)
     results = []
@@ -256,19 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average (1/5/15 min) at start {_load(env['loadavg_at_start'])}, at end {_load(env['loadavg_at_end'])} "
           f"({os.cpu_count()} cores)\nJSON: {path}")
     return 0
-
-
-def chunk_problem(chunk: int, policies: list[str]) -> str | None:
-    """Why ``--chunk`` cannot measure the default cadence, or None. A chunk is a fresh call of the
-    training loop whose step count restarts at 1, so a chunk shorter than (or not a multiple of)
-    ``precision.telemetry.every`` holds no recorded step, or a share of them that is not the
-    cadence's: ``default`` would then time the health signals alone and call it monitoring."""
-    for policy in policies:
-        every = common.default_config([f"precision={policy}"])["precision"]["telemetry"]["every"]
-        if chunk % every:
-            return (f"--chunk {chunk}: must be a multiple of precision.telemetry.every ({every}, policy {policy}), "
-                    f"or its chunks do not hold the default cadence's recorded steps; use --chunk {every}")
-    return None
 
 
 def verdict_line(res: dict[str, Any]) -> str:

@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.chunk, args.policies = 1, 10, "fp8_naive"
+    if problem := common.chunk_problem(args.chunk, args.policies.split(",")):
+        parser.error(problem)
     common.pin_threads(1)
     load_before = os.getloadavg()
     results = [measure(p, args.rounds, args.chunk) for p in args.policies.split(",")]

@@ -222,12 +222,12 @@ def _k_row_stats(x_hp: torch.Tensor, x_dq: torch.Tensor) -> torch.Tensor:
     xf, yf = x_hp.float(), x_dq.float()
     diff = xf - yf
     self_diff = yf - yf  # 0 where finite, NaN where not
-    return torch.stack([
-        (xf != 0).sum(1) - (yf != 0).sum(1),
-        xf.abs().amax(1),
-        (diff * diff).sum(1),
-        (self_diff != self_diff).sum(1),
-    ], dim=1).double()
+    return torch.stack([  # each column FP64 first: stacking int64 counts with FP32 sums would round them above 2**24
+        ((xf != 0).sum(1) - (yf != 0).sum(1)).double(),
+        xf.abs().amax(1).double(),
+        (diff * diff).sum(1).double(),
+        (self_diff != self_diff).sum(1).double(),
+    ], dim=1)
 
 
 def _const(value: float, device: torch.device) -> torch.Tensor:

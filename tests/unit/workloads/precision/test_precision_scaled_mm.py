@@ -175,7 +175,8 @@ def test_policy_trains_the_same_through_scaled_mm(policy, lora_fp8, rel_tol, cap
     assert counts["base"] == Counter(scaled_mm=3 * (25 + lm_head))
     assert {r["format"] for r in rows} == {"scaled_mm"}
     assert len(rows) == 14 + lm_head // 2 + 14 * 2 * lora_fp8
-    fallbacks = [r.getMessage() for r in caplog.records]
+    # this module's own warnings only: a kernel compiled during the run may log torch's trace records too
+    fallbacks = [r.getMessage() for r in caplog.records if r.name == "workloads.precision.scaled_mm"]
     assert bool(fallbacks) is lora_fp8
     if lora_fp8:  # rank 4: only lora_A's wgrad (K = 32 tokens, N = in) fits; logged once per shape
         assert counts["lora"] == Counter(scaled_mm=3 * 14, fallback=3 * (14 * 3 + 14 + 11))  # B: all 3; A: fwd, dgrad

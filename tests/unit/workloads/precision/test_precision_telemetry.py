@@ -200,6 +200,33 @@ def _comparable(rows: list[dict]) -> list[dict]:
     return [{k: ("nan" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows]
 
 
+def _stats_path(compiled: bool, monkeypatch) -> list[bool]:
+    """Pin the batch statistics to the eager reductions, or to the compiled kernel (skipped without a
+    C++ compiler); returns the list that records, per compiled batch, whether the kernel ran (a
+    compile failure falls back to eager silently but for a warning, which would hide it)."""
+    from workloads.precision import telemetry
+    from workloads.precision.formats import FUSED
+
+    if not compiled:
+        monkeypatch.setattr(FUSED, "mode", "off")
+        return []
+    if not FUSED._probe():
+        pytest.skip("torch.compile has no C++ compiler here")
+    monkeypatch.setattr(FUSED, "mode", "auto")
+    monkeypatch.setattr(FUSED, "_available", True)
+    ran: list[bool] = []
+    real_run = FUSED.run
+
+    def run(fn, args, dynamic=True):
+        out = real_run(fn, args, dynamic)
+        if fn is telemetry._k_row_stats and args[0].shape[0] > 1:
+            ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(FUSED, "run", run)
+    return ran
+
+
 @pytest.mark.parametrize("policy", ["fp8_naive", "fp8_protected", "fp8_unscaled_fp8_adapters"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_batched_small_casts_log_the_values_of_one_cast_at_a_time(policy, compiled, monkeypatch):
@@ -209,18 +236,14 @@ def test_batched_small_casts_log_the_values_of_one_cast_at_a_time(policy, compil
     reductions; with the compiled batch kernel (``_k_row_stats``, where a C++ compiler is there)
     every count, amax and scale exactly and ``mse`` to FP32 summation order. The tiny model's
     casts are all small, so every row of the batched run came from a batch."""
-    from workloads.precision.formats import FUSED
-
-    if compiled and not FUSED.compiles(torch.zeros(1)):
-        pytest.skip("torch.compile has no C++ compiler here")
-    if not compiled:
-        monkeypatch.setattr(FUSED, "mode", "off")
+    ran = _stats_path(compiled, monkeypatch)
     batched = Fp8Telemetry()
     rows, metrics = _rows_and_metrics(policy, batched)
     one_by_one, one_metrics = _rows_and_metrics(policy, Fp8Telemetry(batch_below_numel=0))
     kinds = {r["kind"] for r in rows}
     assert {"activation", "dgrad"} <= kinds or policy == "fp8_protected"
     assert len(rows) == len(one_by_one) > 20
+    assert all(ran) and (len(ran) > 0) == compiled  # the compiled kernel measured the batches, or none
     if compiled:  # the summation order of the squared error is the kernel's: compare mse apart
         assert [r["mse"] for r in rows] == pytest.approx([r["mse"] for r in one_by_one], rel=1e-5, nan_ok=True)
         assert any(r["mse"] > 0 for r in rows)
@@ -237,13 +260,9 @@ def test_batched_stats_keep_counts_nan_and_scales_per_cast(compiled, monkeypatch
     every row equals ``cast_stats`` of that cast alone (counts, amax and scales exactly; mse to
     FP32 rounding, which with the eager reductions on CPU is exact too, and with the compiled
     batch kernel is its summation order)."""
-    from workloads.precision.formats import FUSED
     from workloads.precision.scaling import ScalingRecipe, TensorScaler
 
-    if compiled and not FUSED.compiles(torch.zeros(1)):
-        pytest.skip("torch.compile has no C++ compiler here")
-    if not compiled:
-        monkeypatch.setattr(FUSED, "mode", "off")
+    ran = _stats_path(compiled, monkeypatch)
 
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(8, 64, generator=g) * s for s in (1e-3, 1.0, 1e3)]
@@ -269,6 +288,7 @@ def test_batched_stats_keep_counts_nan_and_scales_per_cast(compiled, monkeypatch
                 assert row["mse"] == pytest.approx(ref_row.pop("mse"), rel=1e-5, nan_ok=True), (recipe.kind, row["layer"])
             assert _comparable([{k: row[k] for k in ref_row}]) == _comparable([ref_row]), (recipe.kind, row["layer"])
         assert rows[0]["nonfinite"] >= 2 and rows[3]["underflow_pct"] == 0.0
+    assert all(ran) and len(ran) == (3 if compiled else 0)  # one batch per recipe, each by the kernel
 
 
 def test_a_cast_written_in_place_before_it_is_measured_is_refused():
