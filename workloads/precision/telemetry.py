@@ -299,6 +299,7 @@ def _batched_stats(batch: list[_Deferred]) -> torch.Tensor:
     dev, n = first.x.device, first.x.numel()
     x = torch.stack([d.x for d in batch])
     dq = torch.stack([d.dq for d in batch])
+    nan_free = all(d.nan_free for d in batch)  # the caster knows: 0 non-finite values, as per cast
     fused = FUSED.run(_k_row_stats, (x, dq)) if FUSED.compiles(x) else None
     if fused is not None:  # one compiled loop over the whole stack
         nonzero_hp, amax, sq_err, nonfinite = fused.unbind(1)  # nonzero_hp: the underflow count itself
@@ -310,13 +311,14 @@ def _batched_stats(batch: list[_Deferred]) -> torch.Tensor:
             nonzero_dq = _nonzero_per_row(_magnitude_bits(dq))
         nonzero_hp = _nonzero_per_row(_magnitude_bits(x))
         sq_err = _squared_error(x, dq, dim=1)
-        nonfinite = None if all(d.nan_free for d in batch) else torch.count_nonzero(dq - dq, dim=1)  # NaN counted
+        if not nan_free:
+            nonfinite = torch.count_nonzero(dq - dq, dim=1)  # 0 where finite, NaN (counted) where not
         if first.amax is None:
             lo, hi = torch.aminmax(x, dim=1)
             amax = torch.maximum(hi, -lo)
     if first.amax is not None:  # the scaler's own amax: the same number, and the row's as logged per cast
         amax = _stack_scalars([d.amax for d in batch])
-    if all(d.nan_free for d in batch):  # the caster knows: 0, as per cast
+    if nan_free:
         nonfinite = torch.zeros(len(batch), dtype=torch.float64, device=dev)
     if first.scale_inv is None:
         smin = smax = torch.ones(len(batch), dtype=torch.float64, device=dev)
