@@ -496,15 +496,64 @@ def _k_qdq(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``dequantize(cast(x * scale))`` in one loop (plus amax|x| when asked): ``x * scale`` as
     an FP32 product, Inf -> NaN, clamp to +-fmax, round to the format, times ``scale_inv``."""
-    xf = x.float()
-    p = xf if scale is None else xf * scale
-    fmax = E4M3.max if fmt_dtype == torch.float8_e4m3fn else E5M2.max
+    xf, p, fmax = _scaled_fp32(x, scale, fmt_dtype)
     # abs() == inf rather than isinf(): the same values, and inductor vectorises it
     p = torch.where(p.abs() == _INF, float("nan"), p).clamp(-fmax, fmax)
     y = p.to(torch.float8_e4m3fn).to(torch.float32) if fmt_dtype == torch.float8_e4m3fn else _round_e5m2(p)
     if scale_inv is not None:
         y = y * scale_inv
     return y.to(out_dtype), (xf.abs().amax() if want_amax else None)
+
+
+def _scaled_fp32(
+    x: torch.Tensor, scale: torch.Tensor | None, fmt_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``x`` in FP32, its FP32 product with ``scale`` (``x`` itself for a plain cast) and the
+    format's max: the start of every compiled cast."""
+    xf = x.float()
+    return xf, (xf if scale is None else xf * scale), (E4M3.max if fmt_dtype == torch.float8_e4m3fn else E5M2.max)
+
+
+def _k_row_stats(x_hp: torch.Tensor, x_dq: torch.Tensor) -> torch.Tensor:
+    """``[k, 4]``: per row of ``[k, n]`` casts, [underflow count, amax, squared-error sum,
+    non-finite count] in one loop over both tensors (compiled: ``_cast_parts`` on one large cast,
+    ``_batched_stats`` on a stack of casts of one shape; the eager reductions compute the same,
+    bar FP32 summation order)."""
+    xf, yf = x_hp.float(), x_dq.float()
+    diff = xf - yf
+    self_diff = yf - yf  # 0 where finite, NaN where not
+    return torch.stack([  # each column FP64 first: stacking int64 counts with FP32 sums would round them above 2**24
+        ((xf != 0).sum(1) - (yf != 0).sum(1)).double(),
+        xf.abs().amax(1).double(),
+        (diff * diff).sum(1).double(),
+        (self_diff != self_diff).sum(1).double(),
+    ], dim=1)
+
+
+def _k_qdq_stats(
+    x: torch.Tensor,
+    scale: torch.Tensor | None,
+    scale_inv: torch.Tensor | None,
+    fmt_dtype: torch.dtype,
+    out_dtype: torch.dtype,
+    count_saturated: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_k_qdq``'s decoded cast of flat ``x`` and ``_k_row_stats`` of the pair in one loop (a
+    recorded step's cast and its telemetry without reading ``x`` twice), plus, when
+    ``count_saturated``, a fifth column: the elements with ``|x * scale| > fmax`` before the cast
+    (the FP32 product ``scale_operand`` takes, or the same value when its product is exact)."""
+    y, _ = _k_qdq(x, scale, scale_inv, fmt_dtype, out_dtype, False)
+    row = _k_row_stats(x.reshape(1, -1), y.reshape(1, -1))[0]
+    if not count_saturated:
+        return y, row
+    _, p, fmax = _scaled_fp32(x, scale, fmt_dtype)  # the product _k_qdq took: inductor computes it once
+    return y, torch.cat([row, (p.abs() > fmax).sum().double().reshape(1)])
+
+
+# Inductor keeps a low-precision intermediate in FP32 when the same loop uses it again, unless told
+# to round it as eager does: ``_k_qdq_stats`` measures the BF16 decoded values it returns, so its
+# squared error must see them rounded (without this, ``mse`` differs from the eager one by ~0.3%).
+_INDUCTOR_OPTIONS: dict[Any, dict[str, Any]] = {_k_qdq_stats: {"emulate_precision_casts": True}}
 
 
 def _round_e5m2(p: torch.Tensor) -> torch.Tensor:
@@ -543,10 +592,12 @@ _PER_FUNCTION_LIMIT = "recompile_limit" in inspect.signature(torch.compile).para
 
 def _compile(fn: Any, dynamic: bool, backend: str = "inductor") -> Any:
     """``torch.compile(fn)`` that raises past ``RECOMPILE_LIMIT`` variants, on any torch version
-    (``backend``: for tests)."""
+    (``backend``: for tests), with ``fn``'s own inductor options (``_INDUCTOR_OPTIONS``)."""
+    options = _INDUCTOR_OPTIONS.get(fn) if backend == "inductor" else None
     if _PER_FUNCTION_LIMIT:
-        return torch.compile(fn, dynamic=dynamic, backend=backend, fullgraph=True, recompile_limit=RECOMPILE_LIMIT)
-    compiled = torch.compile(fn, dynamic=dynamic, backend=backend)
+        return torch.compile(fn, dynamic=dynamic, backend=backend, fullgraph=True, recompile_limit=RECOMPILE_LIMIT,
+                             options=options)
+    compiled = torch.compile(fn, dynamic=dynamic, backend=backend, options=options)
 
     def limited(*args: Any) -> Any:
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
@@ -593,13 +644,20 @@ class _Fused:
         fmt: Fp8Format,
         out_dtype: torch.dtype,
         want_amax: bool,
+        stats: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """``(dequantize(cast(x * scale)), amax|x| or None)`` with a per-tensor ``scale`` (or
         None for a plain cast); None when the compiled path is unavailable.
 
-        One compiled loop (``_k_qdq``).
+        One compiled loop (``_k_qdq``). ``stats`` (a recorded step: whether to count saturated
+        elements too) returns the telemetry row in place of the amax, from the same loop
+        (``_k_qdq_stats``; the row's amax is |x|'s).
         """
-        out = self.run(_k_qdq, (x.detach().reshape(-1), scale, scale_inv, fmt.dtype, out_dtype, want_amax))
+        if stats is None:
+            kernel, extra = _k_qdq, want_amax
+        else:
+            kernel, extra = _k_qdq_stats, stats
+        out = self.run(kernel, (x.detach().reshape(-1), scale, scale_inv, fmt.dtype, out_dtype, extra))
         return None if out is None else (out[0].view(x.shape), out[1])
 
     def decode(

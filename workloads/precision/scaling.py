@@ -589,6 +589,25 @@ class TensorScaler:
         q, _ = self.quantize(x)
         return q.dequantize(dtype)
 
+    def quantize_dequantize_measured(
+        self, x: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int] | None:
+        """A recorded step's ``quantize_dequantize``, with its telemetry row (``FUSED.qdq(stats=)``,
+        the ``_k_row_stats`` layout) and saturated count: the same codes, scales, decoded values
+        and history, and the statistics from the same loop. None where that kernel does not
+        serve: the kinds ``quantize_dequantize`` runs eagerly, or no compiled kernels on ``x``'s
+        device."""
+        if not (self.kind.fused and not self.fmt.narrow and FUSED.compiles(x)):
+            return None
+        scale, scale_inv, _ = self.kind.scales(self, x)
+        out = FUSED.qdq(x, scale, scale_inv, self.fmt, dtype, True, stats=self.kind.saturates)
+        if out is None:
+            return None
+        x_dq, row = out
+        self.scale_inv = scale_inv
+        self.observe(x, row[1])  # the row's amax is |x|'s, as the history wants
+        return x_dq, row[:4], (row[4] if self.kind.saturates else 0)
+
     def _count_saturated(self, scaled: torch.Tensor) -> torch.Tensor:
         if not self.kind.saturates:
             # The scale came from this very tensor's (tile's) amax: nothing exceeds fmax beyond

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from fp8lab_conf.contracts import METRIC_GRAD_NORM, METRIC_LORA_WEIGHT_STD, METRIC_LORA_WEIGHT_STD_MIN, METRIC_UNDERFLOW_EVENTS
-from workloads.precision.formats import FUSED, Fp8Format
+from workloads.precision.formats import FUSED, Fp8Format, _k_row_stats
 
 __all__ = [
     "CAST_KINDS",
@@ -107,6 +107,7 @@ def _cast_parts(
     codes: torch.Tensor | None = None,
     nan_free: bool = False,
     amax: torch.Tensor | None = None,
+    row: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """The reductions behind one cast's stats vector, as 0-d tensors in the ``_RAW_*`` layout.
 
@@ -125,11 +126,11 @@ def _cast_parts(
     x_hp, x_dq = x_hp.detach(), x_dq.detach()
     dev = x_hp.device
     zero = _const(0.0, dev)
-    fused = None
-    if FUSED.usable(x_hp):
+    if row is None and FUSED.usable(x_hp):
         fused = FUSED.run(_k_row_stats, (x_hp.reshape(1, -1), x_dq.reshape(1, -1)))
-    if fused is not None:  # one compiled loop over both tensors (large CPU tensors)
-        nonzero_hp, amax, sq_err, nonfinite = fused[0].unbind()  # nonzero_hp: the underflow count itself
+        row = None if fused is None else fused[0]
+    if row is not None:  # one compiled loop over both tensors (large CPU tensors), or the cast's own
+        nonzero_hp, amax, sq_err, nonfinite = row.unbind()  # nonzero_hp: the underflow count itself
         nonzero_dq = zero
     else:
         if amax is None:
@@ -212,22 +213,6 @@ def _magnitude_bits(t: torch.Tensor) -> torch.Tensor:
     if view is None:  # other dtypes: the values themselves
         return t
     return t.view(view[0]) & view[1]
-
-
-def _k_row_stats(x_hp: torch.Tensor, x_dq: torch.Tensor) -> torch.Tensor:
-    """``[k, 4]``: per row of ``[k, n]`` casts, [underflow count, amax, squared-error sum,
-    non-finite count] in one loop over both tensors (compiled: ``_cast_parts`` on one large cast,
-    ``_batched_stats`` on a stack of casts of one shape; the eager reductions compute the same,
-    bar FP32 summation order)."""
-    xf, yf = x_hp.float(), x_dq.float()
-    diff = xf - yf
-    self_diff = yf - yf  # 0 where finite, NaN where not
-    return torch.stack([  # each column FP64 first: stacking int64 counts with FP32 sums would round them above 2**24
-        ((xf != 0).sum(1) - (yf != 0).sum(1)).double(),
-        xf.abs().amax(1).double(),
-        (diff * diff).sum(1).double(),
-        (self_diff != self_diff).sum(1).double(),
-    ], dim=1)
 
 
 def _const(value: float, device: torch.device) -> torch.Tensor:
@@ -453,6 +438,12 @@ class Fp8Telemetry:
         if self._deferred_bytes > BATCH_BYTES:
             self._measure_deferred()
         return deferred
+
+    def measured(self, x_hp: torch.Tensor, x_dq: torch.Tensor, scale_inv: torch.Tensor | None,
+                 row: torch.Tensor, saturated: torch.Tensor | int) -> _Parts:
+        """``measure`` for a cast whose kernel computed its reductions already (``row``, the
+        ``_k_row_stats`` layout: ``TensorScaler.quantize_dequantize_measured``)."""
+        return _Parts(_cast_parts(x_hp, x_dq, scale_inv, saturated, row=row))
 
     def record_stats(self, layer: str, kind: str, numel: int, stats: torch.Tensor | _Parts | _Deferred) -> None:
         """Append a stats vector computed already (``cast_stats``) or to be finished (``measure``);

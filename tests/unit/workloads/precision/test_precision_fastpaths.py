@@ -172,21 +172,29 @@ def test_compiled_cast_stats_match_the_eager_ones(fused, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2])
-def test_recorded_large_cast_takes_the_compiled_path_with_the_same_numbers(fused, fmt):
-    """A recorded cast of a large tensor under current scaling runs the compiled quantize-dequantize
-    of an unrecorded step plus the compiled stats: the same decoded tensor and the same telemetry
-    row as the unfused quantize, decode and stats it replaces."""
+@pytest.mark.parametrize("recipe", ["current", "delayed", "none"])
+def test_recorded_cast_takes_the_compiled_path_with_the_same_numbers(fused, fmt, recipe, monkeypatch):
+    """A recorded cast under a per-tensor recipe runs one compiled loop for the cast and its
+    statistics (``TensorScaler.quantize_dequantize_measured``): the same decoded tensor, amax
+    history and telemetry row as the unfused quantize, decode and stats it replaces, saturated
+    elements included (delayed scaling from a small amax, and a plain cast of values above fmax)."""
     from workloads.precision.linear import CastSite
     from workloads.precision.scaling import CastSpec
     from workloads.precision.telemetry import Fp8Telemetry
 
     x = (torch.randn(96, 160, generator=torch.Generator().manual_seed(1)) * 3e-3).to(torch.bfloat16)
     x[0, :3] = torch.tensor([0.0, 1e-30, 5.0])
-    rows, outputs = [], []
+    if recipe == "none":
+        x[1, :2] = torch.tensor([1e6, -7e4])  # above E4M3's and E5M2's max: saturated
+    kernels = []
+    real_run = FUSED.run
+    monkeypatch.setattr(FUSED, "run", lambda fn, *args, **kw: kernels.append(fn) or real_run(fn, *args, **kw))
+    rows, outputs, histories = [], [], []
     for compiled in (True, False):
         tel = Fp8Telemetry(batch_below_numel=0)
-        site = CastSite(CastSpec(fmt.name, ScalingRecipe("current", power_2_scale=False)), "activation", "l",
-                        "activation", tel)
+        spec = CastSpec(fmt.name, ScalingRecipe(recipe, power_2_scale=False, amax_history_len=2))
+        site = CastSite(spec, "activation", "l", "activation", tel)
+        site.scaler.observe(torch.tensor(0.01))  # delayed: x's 5.0 saturates
         tel.begin_step(0, record=True)
         if compiled:
             x_dq, stats = site.cast_with_stats(x, torch.bfloat16)
@@ -195,9 +203,15 @@ def test_recorded_large_cast_takes_the_compiled_path_with_the_same_numbers(fused
         tel.record_stats("l", "activation", x.numel(), stats)
         rows.append(tel.end_step().rows[0])
         outputs.append(x_dq)
+        histories.append(site.scaler.amax_history)
+        if compiled:  # the cast and its statistics: one compiled loop, nothing else compiled or eager-fused
+            assert [k.__name__ for k in kernels] == ["_k_qdq_stats"]
     assert_same(outputs[0], outputs[1])
+    if recipe == "delayed":
+        assert_same(histories[0], histories[1])
     assert math.isnan(rows[0].pop("value")) and math.isnan(rows[1].pop("value"))  # casts carry no value
     assert rows[0] == rows[1] and rows[0]["underflow_pct"] > 0
+    assert (rows[0]["overflow_pct"] > 0) == (recipe != "current")
 
 
 def test_a_kernel_past_its_recompile_limit_falls_back_to_eager_with_a_warning(monkeypatch):
