@@ -5,6 +5,10 @@
 #   MLFLOW_AUTH_DATABASE_URI=postgresql+psycopg://mlflow:PW@postgres:5432/mlflow_auth \
 #   MLFLOW_AUTH_ADMIN_PASSWORD=... MLFLOW_FLASK_SERVER_SECRET_KEY=... \
 #   entrypoint.sh --artifacts-destination s3://mlflow-artifacts --host 0.0.0.0 --port 5000
+# MLFLOW_AUTH_CACHE_TTL_SECONDS (default 60; 0 turns it off): how long a worker trusts a verified
+# username/password before it runs the PBKDF2 check again. Off, every request pays that check
+# (tens of ms of CPU), and trials logging metrics make many requests. A changed password or
+# removed user can be accepted by the other workers until the TTL ends.
 # Also used as is by tests/integration/test_multinode.py (outside a container).
 set -eu
 
@@ -21,6 +25,7 @@ default_permission = ${MLFLOW_AUTH_DEFAULT_PERMISSION:-READ}
 database_uri = ${MLFLOW_AUTH_DATABASE_URI}
 admin_username = ${MLFLOW_AUTH_ADMIN_USERNAME:-admin}
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+auth_cache_ttl_seconds = ${MLFLOW_AUTH_CACHE_TTL_SECONDS:-60}
 INI
 export MLFLOW_AUTH_CONFIG_PATH="$config_dir/basic_auth.ini"
 
