@@ -158,3 +158,18 @@ def test_chat_template_that_rewrites_earlier_turns_trains_the_final_turn_only() 
     segments = chat_segments(messages, _ThinkingTemplate())
     assert [s.text for s in segments if s.trained] == ["think|two</>"]
     assert "".join(s.text for s in segments) == _ThinkingTemplate().apply_chat_template(messages, False, False)
+
+
+def test_row_chunks_give_every_row_once_in_order_with_its_index() -> None:
+    """`row_chunks` replaces row-by-row iteration of a Dataset (13x less CPU): the same dicts in
+    the same order, the last chunk short, each chunk starting at its first row's index."""
+    import datasets
+
+    from workloads.data.load import row_chunks
+
+    rows = datasets.Dataset.from_list([{"prompt": f"row {i}", "completion": str(i), "n": i} for i in range(10)])
+    chunks = list(row_chunks(rows, size=4))
+    assert [(start, len(chunk)) for start, chunk in chunks] == [(0, 4), (4, 4), (8, 2)]
+    assert [row for _, chunk in chunks for row in chunk] == list(rows)
+    assert all(chunk[0]["n"] == start for start, chunk in chunks)
+    assert list(row_chunks(rows.select([]))) == []
