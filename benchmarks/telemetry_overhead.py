@@ -1,34 +1,41 @@
 """Telemetry overhead: trial step time with fp8lab's telemetry vs telemetry off (goal: <= 3%).
 
-    python benchmarks/telemetry_overhead.py            # 4-8 min: bf16 (the default trial), fp8_protected, fp8_naive
-    python benchmarks/telemetry_overhead.py --hidden 1024 --rounds 8 --max-rounds 12   # the wide model (~9 min)
-    python benchmarks/telemetry_overhead.py --model smollm2-135m --variants off,default --rounds 8 --max-rounds 8   # ~20 min
+    python benchmarks/telemetry_overhead.py            # ~10 min: bf16 (the default trial), fp8_protected, fp8_naive
+    python benchmarks/telemetry_overhead.py --hidden 1024 --rounds 8 --max-rounds 12   # the wide model
+    python benchmarks/telemetry_overhead.py --model smollm2-135m --rounds 8 --max-rounds 8 --cycles 1   # hours: see README
+    python benchmarks/telemetry_overhead.py --variants off,default,every_step,item_loop   # the reference points too
     python benchmarks/telemetry_overhead.py --smoke    # seconds, for CI
-    python benchmarks/telemetry_overhead.py --json out.json --rounds 16
 
-Variants, each its own copy of the default trial (embedded model, LoRA, policy, data, seed),
-built in this process exactly as ``workloads.trial`` builds it and trained through
-``workloads.train.loop.run_training`` with a real ``MlflowTrialLogger`` on a temporary SQLite
-store (so the extra metrics telemetry logs are written like in a trial; ``--logger null`` drops
-them):
+One trial of each policy (embedded model, LoRA, policy, data, seed), built in this process exactly
+as ``workloads.trial`` builds it and trained through ``workloads.train.loop.run_training`` with a
+real ``MlflowTrialLogger`` on a temporary SQLite store (so the extra metrics telemetry logs are
+written like in a trial; ``--logger null`` drops them). The variants are that one trial trained
+with different monitoring (``InProcessTrial.with_monitoring``), not copies of it: two copies of a
+model with identical settings differed by up to ~2% in step time (where each copy's memory lies),
+as much as the cost being measured.
 
-- ``off``: ``precision.telemetry.enabled=false`` and no health signals;
+- ``off``: telemetry off, as ``precision.telemetry.enabled=false`` builds it, and no health signals;
+- ``off_again``: ``off`` once more, the control: its ratio to ``off`` is what the method reads when
+  nothing differs (always measured, printed under each verdict);
 - ``default``: the shipped config (telemetry every 10 steps: every tensor kind, LoRA grad norms
   and weight stds, one device->host transfer per recorded step) plus the health signals every
   logged step computes (adapter movement, smallest LoRA std: docs/health.md), so the overhead is
   all the monitoring a trial does;
-- ``every_step``: telemetry on every step (the worst case of the config), health signals too;
-- ``item_loop``: telemetry off, plus the per-parameter monitor of docs/background.md §1 the way
-  the article writes it: after backward, for every LoRA parameter, grad norm, grad max-min
+- ``every_step`` (on request): telemetry on every step (the worst case of the config), health signals too;
+- ``item_loop`` (on request): telemetry off, plus the per-parameter monitor of docs/background.md §1
+  the way the article writes it: after backward, for every LoRA parameter, grad norm, grad max-min
   range, E5M2 round-trip loss and weight std, each read with ``.item()``, every step. This is
   the reference that fp8lab's batched telemetry replaces.
 
-The variants run interleaved in chunks of ``--chunk`` steps (a chunk of 10 holds exactly one
-recorded step of ``default``; the step count restarts with each chunk, so a chunk that is not a
-multiple of ``precision.telemetry.every`` is refused: it would hold none, or the wrong share),
-the order rotating each round; the figure is the median over
-rounds of each chunk's time per step, and the overhead the median of the per-round ratio to
-``off``. Torch uses one thread.
+How a round is timed: a *pass* draws ``--chunk`` batches and trains every variant one chunk on
+those same batches, in an order that rotates each pass; a round is ``--cycles`` x (number of
+variants) passes, so within a round every variant holds every place equally often, and a
+variant's figure for the round is its mean time per step over the round's passes. Short passes
+side by side put the variants next to each other many times a round, so a drift of the machine's
+speed (seconds long) hits them alike. A chunk of 10 holds exactly one recorded step of
+``default``; the step count restarts with each chunk, so a chunk that is not a multiple of
+``precision.telemetry.every`` is refused (it would hold none, or the wrong share). The overhead
+is the median over rounds of the per-round ratio to ``off``. Torch uses one thread.
 
 The verdict (``verdict``) is on the ``--clock`` (default ``cpu``: this process's CPU time, which
 moves least when other processes share the cores; on an idle machine it equals the wall clock):
@@ -36,8 +43,10 @@ per policy, the per-round ratios of ``default`` to ``off`` give the median, the 
 and the distribution-free 95% CI of the median. ``pass`` when the IQR lies at or below the goal
 (1.03), ``fail`` when it lies above it, ``not decidable`` when it straddles the goal or is wider
 than +-3% (too noisy to say). Rounds are adaptive: after ``--rounds``, blocks of 4 more run while
-a policy is not decidable, up to ``--max-rounds``. The load average at the start and the end is
-printed with the verdicts and written to the JSON: a busy machine is a reason to rerun.
+a policy is not decidable, up to ``--max-rounds``. The control's median, IQR and CI are printed
+under each verdict: a control far from 1.00 says the rounds were not comparable. The load average
+at the start and the end is printed with the verdicts and written to the JSON: a busy machine is
+a reason to rerun.
 """
 
 from __future__ import annotations
@@ -93,10 +102,13 @@ class ItemLoopMonitor:
     def __init__(self, model: Any) -> None:
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.rows: list[tuple[str, float, float, float, float]] = []
+        self.active = False  # the variants share one handle: only the item_loop variant turns it on
 
     def __call__(self) -> None:
         import torch
 
+        if not self.active:
+            return
         with torch.no_grad():
             for name, p in self.params:
                 g = p.grad
@@ -128,26 +140,46 @@ def attach_item_loop(trial: common.InProcessTrial) -> ItemLoopMonitor:
     return monitor
 
 
-VARIANTS = ("off", "default", "every_step", "item_loop")
+VARIANTS = ("off", "off_again", "default", "every_step", "item_loop")
+CONTROL = "off_again"  # "off" measured twice: the ratio of two identical variants is the method's noise floor
 
 
 def build_variants(policy: str, logger_kind: str, store: Path, hidden: int | None = None,
                    layers: int = 2, model: str | None = None,
-                   names: tuple[str, ...] = VARIANTS) -> dict[str, common.InProcessTrial]:
+                   names: tuple[str, ...] = VARIANTS) -> dict[str, tuple[common.InProcessTrial, Any]]:
+    """One trial of ``policy`` (its model, policy, telemetry collector and data), and each variant
+    as that trial with its own monitoring settings (``InProcessTrial.with_monitoring``), each with
+    a hook that turns what only it runs on and off around its chunks. Variants on two copies of a
+    model differed by up to ~2% with identical settings (where each copy's memory lies); on one
+    model they differ only in the monitoring."""
     size = {"hidden": hidden, "layers": layers if hidden else None,
             "overrides": [f"model={model}"] if model else None}
-    build = {
-        "off": lambda: common.build_trial(policy, telemetry=False, **size),
-        "default": lambda: common.build_trial(policy, health=True, **size),
-        "every_step": lambda: common.build_trial(policy, telemetry_every=1, health=True, **size),
-        "item_loop": lambda: common.build_trial(policy, telemetry=False, **size),
-    }
-    variants = {name: build[name]() for name in VARIANTS if name in names}
-    if "item_loop" in variants:
-        attach_item_loop(variants["item_loop"])
-    for name, trial in variants.items():
-        trial.logger_factory = mlflow_logger_factory(store, f"{policy}-{name}") if logger_kind == "mlflow" else None
+    trial = common.build_trial(policy, health=True, **size)
+    every, health = trial.settings.telemetry_every, trial.health
+    settings = {"off": (None, None), "off_again": (None, None), "default": (every, health),
+                "every_step": (1, health), "item_loop": (None, None)}
+    monitor = attach_item_loop(trial) if "item_loop" in names else None
+    variants: dict[str, tuple[common.InProcessTrial, Any]] = {}
+    for name in VARIANTS:
+        if name not in names:
+            continue
+        variant = trial.with_monitoring(*settings[name])
+        if logger_kind == "mlflow":
+            variant.logger_factory = mlflow_logger_factory(store, f"{policy}-{name}")
+        variants[name] = (variant, monitor if name == "item_loop" else None)
     return variants
+
+
+def run_variant(variant: common.InProcessTrial, monitor: ItemLoopMonitor | None, chunk: int,
+                batches: list[Any]) -> dict[str, float]:
+    """One chunk of ``variant`` on ``batches``, with its item-loop monitor (if any) on meanwhile."""
+    if monitor is not None:
+        monitor.active = True
+    try:
+        return variant.run_chunk(chunk, batches)
+    finally:
+        if monitor is not None:
+            monitor.active = False
 
 
 def mlflow_logger_factory(store: Path, run_name: str) -> Any:
@@ -167,24 +199,40 @@ def mlflow_logger_factory(store: Path, run_name: str) -> Any:
 
 def measure(policy: str, rounds: int, chunk: int, logger_kind: str, store: Path,
             hidden: int | None = None, layers: int = 2, max_rounds: int | None = None,
-            clock: str = "cpu", model: str | None = None, names: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
-    """Interleaved rounds of the four variants of ``policy``; ``rounds`` at least, then blocks of
-    ``EXTRA_ROUNDS`` while the verdict on ``clock`` is not decidable, up to ``max_rounds``."""
+            clock: str = "cpu", model: str | None = None, names: tuple[str, ...] = VARIANTS,
+            cycles: int = 2) -> dict[str, Any]:
+    """Rounds of ``cycles`` x (number of variants) passes; a pass draws ``chunk`` batches and
+    trains every variant on them, in an order rotating each pass (so over a round each variant
+    holds each place equally often: the first after the draw, the one after a slow variant);
+    a round's figure per variant is the mean of its passes.
+    ``rounds`` at least, then blocks of ``EXTRA_ROUNDS`` while the verdict on ``clock`` is not
+    decidable, up to ``max_rounds``."""
     variants = build_variants(policy, logger_kind, store, hidden, layers, model, names)
-    for trial in variants.values():  # warm-up: first-call allocations, lazy imports
-        trial.run_chunk(chunk)
+    passes = cycles * len(variants)
+    trial = next(iter(variants.values()))[0]
+    pass_batches: list[Any] = []
+    for variant, monitor in variants.values():  # warm-up: first-call allocations, lazy imports
+        run_variant(variant, monitor, chunk, trial.next_batches(chunk))
+
+    def draw() -> None:
+        pass_batches[:] = trial.next_batches(chunk)
+
+    run = {n: (lambda v=v, m=m: _per_step(run_variant(v, m, chunk, pass_batches), passes))
+           for n, (v, m) in variants.items()}
     load_start = load_average()
-    run = {n: (lambda t=t: t.run_chunk(chunk)) for n, t in variants.items()}
-    samples = common.interleave(run, rounds)
-    while _ratios(samples, clock) and verdict(_ratios(samples, clock))["verdict"] == "not decidable" \
+    samples = common.interleave(run, rounds, passes, draw)
+    while verdict(_ratios(samples, clock))["verdict"] == "not decidable" \
             and len(_ratios(samples, clock)) < (max_rounds or rounds):
-        more = common.interleave(run, min(EXTRA_ROUNDS, (max_rounds or rounds) - len(_ratios(samples, clock))))
+        more = common.interleave(run, min(EXTRA_ROUNDS, (max_rounds or rounds) - len(_ratios(samples, clock))),
+                                 passes, draw)
         for name, clocks in more.items():
             for key, values in clocks.items():
                 samples[name][key] += values
     out: dict[str, Any] = {"policy": policy, "hidden": hidden or model or 128, "chunk_steps": chunk,
-                           "rounds": len(_ratios(samples, clock)), "variants": common.compare(samples, "off"),
+                           "passes": passes, "rounds": len(_ratios(samples, clock)),
+                           "variants": common.compare(samples, "off"),
                            "verdict": {"clock": clock, **verdict(_ratios(samples, clock))},
+                           "control": {"clock": clock, **verdict(_ratios(samples, clock, CONTROL))},
                            "loadavg_start": load_start, "loadavg_end": load_average()}
     for figures in out["variants"].values():
         for figure in figures.values():
@@ -192,9 +240,14 @@ def measure(policy: str, rounds: int, chunk: int, logger_kind: str, store: Path,
     return out
 
 
-def _ratios(samples: dict[str, Any], clock: str) -> list[float]:
-    """Per-round ratios of ``default`` to ``off`` on ``clock``."""
-    return common.ratio_samples(samples["default"][clock], samples["off"][clock])
+def _per_step(figures: dict[str, float], passes: int) -> dict[str, float]:
+    """A chunk's seconds per step, divided by the passes of a round: their sum is the round's mean."""
+    return {clock: value / passes for clock, value in figures.items()}
+
+
+def _ratios(samples: dict[str, Any], clock: str, variant: str = "default") -> list[float]:
+    """Per-round ratios of ``variant`` to ``off`` on ``clock``."""
+    return common.ratio_samples(samples[variant][clock], samples["off"][clock])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,28 +257,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rounds", type=int, default=24,
                         help="rounds at most: more run while a verdict is not decidable")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="the clock the verdict is on")
-    parser.add_argument("--chunk", type=int, default=10, help="steps per variant per round")
+    parser.add_argument("--chunk", type=int, default=10, help="steps per variant per pass")
+    parser.add_argument("--cycles", type=int, default=2,
+                        help="a round is this many cycles of passes, one pass per variant (a pass trains every "
+                             "variant one chunk on the same batches; over a cycle each variant is first once)")
     parser.add_argument("--policies", default="bf16,fp8_protected,fp8_naive")
     parser.add_argument("--hidden", type=int, default=None,
                         help="the wide model of fp8_emulation.py at this width (default: the embedded model)")
     parser.add_argument("--layers", type=int, default=2, help="layers of the wide model")
     parser.add_argument("--model", help="a model option instead of the embedded model, e.g. smollm2-135m")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma list of variants; off and default are always measured")
+    parser.add_argument("--variants", default="off,default",
+                        help=f"comma list of variants ({', '.join(VARIANTS)}); off, {CONTROL} and default are always measured")
     parser.add_argument("--logger", choices=["mlflow", "null"], default="mlflow")
     parser.add_argument("--json", help="where to write the figures (default benchmarks/results/)")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.rounds, args.max_rounds, args.policies = 2, 2, "bf16"
+        args.rounds, args.max_rounds, args.cycles, args.policies = 1, 1, 1, "bf16"
     if problem := common.chunk_problem(args.chunk, args.policies.split(",")):
         parser.error(problem)
+    if unknown := sorted(set(args.variants.split(",")) - set(VARIANTS)):
+        parser.error(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+    if args.cycles < 1:
+        parser.error(f"--cycles {args.cycles}: must be at least 1")
     common.pin_threads(1)
     results = []
     with tempfile.TemporaryDirectory(prefix="fp8lab-bench-") as tmp:
         for policy in args.policies.split(","):
             results.append(measure(policy, args.rounds, args.chunk, args.logger, Path(tmp), args.hidden, args.layers,
                                    max(args.max_rounds, args.rounds), args.clock, args.model,
-                                   tuple({"off", "default", *args.variants.split(",")})))
+                                   tuple({"off", CONTROL, "default", *args.variants.split(",")}), args.cycles))
     rows = []
     for res in results:
         for name, v in res["variants"].items():
@@ -233,12 +293,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([res["policy"], name, w["step_s"]["median"] * 1e3, f"{w['overhead_pct']:+.1f}%",
                          f"{w['ratio']['p25']:.3f}..{w['ratio']['p75']:.3f}", c["step_s"]["median"] * 1e3,
                          f"{c['overhead_pct']:+.1f}%", f"{c['ratio']['p25']:.3f}..{c['ratio']['p75']:.3f}"])
-    common.print_table(f"Telemetry overhead vs off (median of {args.rounds} interleaved rounds of {args.chunk} steps, "
-                       "1 thread; wall clock and process CPU time)",
+    common.print_table(f"Telemetry overhead vs off (median of per-round ratios; a round: {results[0]['passes']} passes "
+                       f"of {args.chunk} steps per variant, one model, the same batches in a pass; 1 thread; wall "
+                       "clock and process CPU time)",
                        ["policy", "variant", "wall ms/step", "overhead", "IQR of ratio", "cpu ms/step", "overhead",
                         "IQR of ratio"], rows)
-    summary = {"goal_overhead_pct": GOAL_PCT, "clock": args.clock,
+    summary = {"goal_overhead_pct": GOAL_PCT, "clock": args.clock, "passes": results[0]["passes"], "chunk": args.chunk,
                "verdicts": {r["policy"]: r["verdict"] for r in results},
+               "controls": {r["policy"]: r["control"] for r in results},
                "default_overhead_pct": {r["policy"]: {k: r["variants"]["default"][k]["overhead_pct"]
                                                       for k in ("wall", "cpu")} for r in results},
                **{f"{name}_overhead_pct": {r["policy"]: {k: r["variants"][name][k]["overhead_pct"]
@@ -259,12 +321,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def verdict_line(res: dict[str, Any]) -> str:
-    """One line per policy: verdict, median overhead, IQR and CI of the ratio, rounds, load."""
-    v = res["verdict"]
+    """Per policy: verdict, median overhead, IQR and CI of the ratio, rounds, load; then the control
+    (``off_again`` vs ``off``: what the method reads when nothing differs)."""
+    v, c = res["verdict"], res["control"]
     return (f"{res['policy']} (hidden {res['hidden']}): {v['verdict'].upper()} ({v['why']}) - {v['clock']} overhead "
             f"{v['overhead_pct']:+.1f}%, ratio IQR {v['p25']:.3f}..{v['p75']:.3f}, 95% CI of the median "
             f"{v['ci95'][0]:.3f}..{v['ci95'][1]:.3f}, {v['rounds']} rounds, load {_load(res['loadavg_start'])} -> "
-            f"{_load(res['loadavg_end'])}")
+            f"{_load(res['loadavg_end'])}\n  control ({CONTROL} vs off, identical): {c['overhead_pct']:+.1f}%, ratio IQR "
+            f"{c['p25']:.3f}..{c['p75']:.3f}, 95% CI of the median {c['ci95'][0]:.3f}..{c['ci95'][1]:.3f}")
 
 
 def _load(values: Any) -> str:

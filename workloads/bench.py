@@ -48,17 +48,27 @@ def ratio_samples(a: list[float], b: list[float]) -> list[float]:
     return [x / y for x, y in zip(a, b, strict=False) if y]
 
 
-def interleave(variants: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, Any]:
-    """Call each variant once per round, rotating the order each round; returns the samples.
+def interleave(variants: Mapping[str, Callable[[], Any]], rounds: int, passes: int = 1,
+               before_pass: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Call each variant once per pass, ``passes`` passes per round, rotating the order every pass;
+    returns one sample per round and variant: the sum of its passes.
 
     A variant returns a float (samples: ``{name: [floats]}``) or a dict of floats (samples:
-    ``{name: {key: [floats]}}``)."""
+    ``{name: {key: [floats]}}``). ``before_pass`` runs before each pass (e.g. to draw the batches
+    every variant of that pass trains on). Several short passes per round put the variants of a
+    round side by side many times, so a slow drift of the machine's speed (seconds long) hits
+    them alike, where one long chunk each would not."""
     names = list(variants)
     samples: dict[str, Any] = {}
     for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            value = variants[name]()
+        totals: dict[str, Any] = {}
+        for p in range(passes):
+            if before_pass is not None:
+                before_pass()
+            k = (r * passes + p) % len(names)
+            for name in names[k:] + names[:k]:
+                totals[name] = _add(totals.get(name), variants[name]())
+        for name, value in totals.items():
             if isinstance(value, Mapping):
                 bucket = samples.setdefault(name, {})
                 for key, v in value.items():
@@ -66,6 +76,15 @@ def interleave(variants: Mapping[str, Callable[[], Any]], rounds: int) -> dict[s
             else:
                 samples.setdefault(name, []).append(float(value))
     return {n: samples[n] for n in names if n in samples}
+
+
+def _add(total: Any, value: Any) -> Any:
+    """``total + value`` for floats, key by key for dicts of floats (``total`` None: ``value``)."""
+    if total is None:
+        return dict(value) if isinstance(value, Mapping) else float(value)
+    if isinstance(value, Mapping):
+        return {key: total[key] + float(v) for key, v in value.items()}
+    return total + float(value)
 
 
 def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -147,16 +166,17 @@ class InProcessTrial:
     health: Any = None  # a workloads.health HealthMonitor computing its signals at logged steps
     _batches: Iterator[dict[str, Any]] | None = None
 
-    def run_chunk(self, n_steps: int) -> dict[str, float]:
+    def run_chunk(self, n_steps: int, batches: list[dict[str, Any]] | None = None) -> dict[str, float]:
         """Train ``n_steps`` more steps through ``workloads.train.loop.run_training`` (a fresh
         call, so step numbers, and with them the telemetry/logging cadence, restart at 1 and a
-        chunk of ``telemetry.every`` steps holds exactly one recorded step).
+        chunk of ``telemetry.every`` steps holds exactly one recorded step), on ``batches`` when
+        given (e.g. the same ones for every variant of a pass), else on this trial's next ones.
 
         Returns seconds per step on two clocks: ``wall`` (the loop's own ``TrainResult.wall_s``)
         and ``cpu`` (this process's CPU time over the call: with torch on one thread this is the
         work done, and it barely moves when other processes compete for the cores, which makes
         it the steadier figure on a shared machine; on an idle machine the two agree)."""
-        batches = [next(self._batch_iter()) for _ in range(n_steps)]
+        batches = self.next_batches(n_steps) if batches is None else batches[:n_steps]
         cpu0 = time.process_time()
         result = call_run_training(self.model, self.handle, self.telemetry, batches,
                                    dataclasses.replace(self.settings, steps=n_steps),
@@ -168,6 +188,18 @@ class InProcessTrial:
         per_step = {"wall": result.wall_s / done, "cpu": cpu / done}
         self.step_times.append(per_step["wall"])
         return per_step
+
+    def next_batches(self, n: int) -> list[dict[str, Any]]:
+        """This trial's next ``n`` batches (its data, batch size and seed, as ``Trial.batches``)."""
+        return [next(self._batch_iter()) for _ in range(n)]
+
+    def with_monitoring(self, telemetry_every: int | None, health: Any) -> "InProcessTrial":
+        """The same trial (model, policy, telemetry collector, data) trained with other monitoring:
+        telemetry every ``telemetry_every`` steps (None: off, as ``precision.telemetry.enabled=false``
+        builds it) and ``health`` signals (None: none). Comparing monitoring settings on one model
+        keeps out what two copies of a model differ in besides it (where their memory lies)."""
+        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, telemetry_every=telemetry_every),
+                                   health=health, step_times=[], logger_factory=None)
 
     def _batch_iter(self) -> Iterator[dict[str, Any]]:
         if self._batches is None:

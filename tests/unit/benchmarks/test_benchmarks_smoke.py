@@ -39,12 +39,16 @@ def run_script(name: str, out: Path, timeout: int = 600) -> dict:
 
 def test_telemetry_overhead_smoke(bench, tmp_path):
     out = tmp_path / "t.json"
-    assert bench("telemetry_overhead").main(["--smoke", "--json", str(out)]) == 0
+    every = "off,default,every_step,item_loop"
+    assert bench("telemetry_overhead").main(["--smoke", "--variants", every, "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["smoke"] and data["environment"]["torch"]
     variants = data["results"][0]["variants"]
-    assert set(variants) == {"off", "default", "every_step", "item_loop"}
-    assert variants["default"]["wall"]["ratio"]["n"] == 2 and "overhead_pct" in variants["default"]["cpu"]
+    assert set(variants) == {"off", "off_again", "default", "every_step", "item_loop"}  # the control always
+    assert variants["default"]["wall"]["ratio"]["n"] == 1 and "overhead_pct" in variants["default"]["cpu"]
+    control = data["summary"]["controls"]["bf16"]  # off measured twice: the method's noise floor
+    assert control["rounds"] == 1 and control["p25"] <= control["median"] <= control["p75"]
+    assert data["summary"]["passes"] == 5  # one cycle: a pass per variant, so each leads once
 
 
 def test_telemetry_overhead_refuses_a_chunk_that_holds_no_recorded_step(bench, tmp_path, capsys):
@@ -55,6 +59,17 @@ def test_telemetry_overhead_refuses_a_chunk_that_holds_no_recorded_step(bench, t
         bench("telemetry_overhead").main(["--chunk", "4", "--json", str(out)])
     assert refused.value.code == 2
     assert "--chunk 4: must be a multiple of precision.telemetry.every (10" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_telemetry_overhead_refuses_an_unknown_variant_and_zero_cycles(bench, tmp_path, capsys):
+    """A misspelt variant would silently not be measured; zero cycles would time nothing."""
+    out = tmp_path / "t.json"
+    for args, message in ((["--variants", "off,item-loop"], "--variants: unknown item-loop (choose from off, off_again"),
+                          (["--cycles", "0"], "--cycles 0: must be at least 1")):
+        with pytest.raises(SystemExit) as refused:
+            bench("telemetry_overhead").main([*args, "--json", str(out)])
+        assert refused.value.code == 2 and message in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from orchestrator.bench_cmd import format_probe, probe_policies
-from workloads.bench import ProbeSettings, median_ci, run_probe
+from workloads.bench import ProbeSettings, interleave, median_ci, run_probe
 
 
 class FakeTrial:
@@ -45,3 +45,24 @@ def test_probe_needs_the_reference_and_bf16_comes_first():
         run_probe({"fp8_naive": {}}, ProbeSettings(), build=lambda p, _c: FakeTrial(1.0))
     config = {"sweep": {"axes": {"precision": ["fp8_naive", "bf16", "fp8_protected"]}}, "precision": {"policy": "bf16"}}
     assert probe_policies(config) == ["bf16", "fp8_naive", "fp8_protected"]
+
+
+def test_interleave_sums_a_rounds_passes_rotating_the_order_every_pass():
+    """A round of 3 passes: each variant is called once per pass, the order rotates every pass
+    (not only every round), `before_pass` runs before each pass, and a round's sample is the sum
+    of its passes, key by key for dict figures."""
+    calls: list[str] = []
+    passes: list[int] = []
+
+    def variant(name: str, value: float):
+        def call():
+            calls.append(name)
+            return {"cpu": value, "wall": 2 * value}
+        return call
+
+    samples = interleave({"a": variant("a", 1.0), "b": variant("b", 3.0)}, rounds=2, passes=3,
+                         before_pass=lambda: passes.append(len(calls)))
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b", "b", "a"]
+    assert passes == [0, 2, 4, 6, 8, 10]
+    assert samples == {"a": {"cpu": [3.0, 3.0], "wall": [6.0, 6.0]}, "b": {"cpu": [9.0, 9.0], "wall": [18.0, 18.0]}}
+    assert interleave({"x": lambda: 2.0}, rounds=2) == {"x": [2.0, 2.0]}  # one pass: a round is one call
