@@ -2,7 +2,7 @@
 
     python benchmarks/telemetry_overhead.py            # ~10 min: bf16 (the default trial), fp8_protected, fp8_naive
     python benchmarks/telemetry_overhead.py --hidden 1024 --rounds 8 --max-rounds 12   # the wide model
-    python benchmarks/telemetry_overhead.py --model smollm2-135m --rounds 8 --max-rounds 8 --cycles 1   # hours: see README
+    python benchmarks/telemetry_overhead.py --model smollm2-135m --rounds 8 --max-rounds 8 --cycles 1 --no-control   # ~40 min
     python benchmarks/telemetry_overhead.py --variants off,default,every_step,item_loop   # the reference points too
     python benchmarks/telemetry_overhead.py --smoke    # seconds, for CI
 
@@ -16,7 +16,8 @@ as much as the cost being measured.
 
 - ``off``: telemetry off, as ``precision.telemetry.enabled=false`` builds it, and no health signals;
 - ``off_again``: ``off`` once more, the control: its ratio to ``off`` is what the method reads when
-  nothing differs (always measured, printed under each verdict);
+  nothing differs (printed under each verdict; ``--no-control`` leaves it out, for models whose
+  steps take seconds);
 - ``default``: the shipped config (telemetry every 10 steps: every tensor kind, LoRA grad norms
   and weight stds, one device->host transfer per recorded step) plus the health signals every
   logged step computes (adapter movement, smallest LoRA std: docs/health.md), so the overhead is
@@ -232,7 +233,7 @@ def measure(policy: str, rounds: int, chunk: int, logger_kind: str, store: Path,
                            "passes": passes, "rounds": len(_ratios(samples, clock)),
                            "variants": common.compare(samples, "off"),
                            "verdict": {"clock": clock, **verdict(_ratios(samples, clock))},
-                           "control": {"clock": clock, **verdict(_ratios(samples, clock, CONTROL))},
+                           "control": {"clock": clock, **verdict(_ratios(samples, clock, CONTROL))} if CONTROL in samples else None,
                            "loadavg_start": load_start, "loadavg_end": load_average()}
     for figures in out["variants"].values():
         for figure in figures.values():
@@ -268,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="a model option instead of the embedded model, e.g. smollm2-135m")
     parser.add_argument("--variants", default="off,default",
                         help=f"comma list of variants ({', '.join(VARIANTS)}); off, {CONTROL} and default are always measured")
+    parser.add_argument("--no-control", action="store_true",
+                        help=f"leave out {CONTROL} (a third fewer chunks: for models whose steps take seconds); "
+                             "the verdicts then have no control beside them")
     parser.add_argument("--logger", choices=["mlflow", "null"], default="mlflow")
     parser.add_argument("--json", help="where to write the figures (default benchmarks/results/)")
     args = parser.parse_args(argv)
@@ -277,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(problem)
     if unknown := sorted(set(args.variants.split(",")) - set(VARIANTS)):
         parser.error(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+    if args.no_control and CONTROL in args.variants.split(","):
+        parser.error(f"--no-control leaves out {CONTROL}, which --variants asks for: drop one of the two")
     if args.cycles < 1:
         parser.error(f"--cycles {args.cycles}: must be at least 1")
     common.pin_threads(1)
@@ -285,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         for policy in args.policies.split(","):
             results.append(measure(policy, args.rounds, args.chunk, args.logger, Path(tmp), args.hidden, args.layers,
                                    max(args.max_rounds, args.rounds), args.clock, args.model,
-                                   tuple({"off", CONTROL, "default", *args.variants.split(",")}), args.cycles))
+                                   tuple({"off", "default", *args.variants.split(","),
+                                          *(() if args.no_control else (CONTROL,))}), args.cycles))
     rows = []
     for res in results:
         for name, v in res["variants"].items():
@@ -324,11 +331,12 @@ def verdict_line(res: dict[str, Any]) -> str:
     """Per policy: verdict, median overhead, IQR and CI of the ratio, rounds, load; then the control
     (``off_again`` vs ``off``: what the method reads when nothing differs)."""
     v, c = res["verdict"], res["control"]
+    control = (f"{c['overhead_pct']:+.1f}%, ratio IQR {c['p25']:.3f}..{c['p75']:.3f}, 95% CI of the median "
+               f"{c['ci95'][0]:.3f}..{c['ci95'][1]:.3f}") if c else "not measured (--no-control)"
     return (f"{res['policy']} (hidden {res['hidden']}): {v['verdict'].upper()} ({v['why']}) - {v['clock']} overhead "
             f"{v['overhead_pct']:+.1f}%, ratio IQR {v['p25']:.3f}..{v['p75']:.3f}, 95% CI of the median "
             f"{v['ci95'][0]:.3f}..{v['ci95'][1]:.3f}, {v['rounds']} rounds, load {_load(res['loadavg_start'])} -> "
-            f"{_load(res['loadavg_end'])}\n  control ({CONTROL} vs off, identical): {c['overhead_pct']:+.1f}%, ratio IQR "
-            f"{c['p25']:.3f}..{c['p75']:.3f}, 95% CI of the median {c['ci95'][0]:.3f}..{c['ci95'][1]:.3f}")
+            f"{_load(res['loadavg_end'])}\n  control ({CONTROL} vs off, identical): {control}")
 
 
 def _load(values: Any) -> str:

@@ -62,11 +62,13 @@ def test_telemetry_overhead_refuses_a_chunk_that_holds_no_recorded_step(bench, t
     assert not out.exists()
 
 
-def test_telemetry_overhead_refuses_an_unknown_variant_and_zero_cycles(bench, tmp_path, capsys):
-    """A misspelt variant would silently not be measured; zero cycles would time nothing."""
+def test_telemetry_overhead_refuses_an_unknown_variant_zero_cycles_and_a_contradiction(bench, tmp_path, capsys):
+    """A misspelt variant would silently not be measured; zero cycles would time nothing; asking to
+    leave the control out and to measure it cannot both be honoured."""
     out = tmp_path / "t.json"
     for args, message in ((["--variants", "off,item-loop"], "--variants: unknown item-loop (choose from off, off_again"),
-                          (["--cycles", "0"], "--cycles 0: must be at least 1")):
+                          (["--cycles", "0"], "--cycles 0: must be at least 1"),
+                          (["--no-control", "--variants", "off,off_again"], "--no-control leaves out off_again, which --variants asks for")):
         with pytest.raises(SystemExit) as refused:
             bench("telemetry_overhead").main([*args, "--json", str(out)])
         assert refused.value.code == 2 and message in capsys.readouterr().err

@@ -54,3 +54,18 @@ def test_too_few_rounds_are_not_decidable(verdict):
     assert verdict([])["verdict"] == "not decidable"
     few = verdict([1.0, 1.001, 1.002])  # tight and well under the goal, but 3 rounds (a smoke run)
     assert few["verdict"] == "not decidable" and "fewer than" in few["why"]
+
+
+def test_the_verdict_line_shows_the_control_or_says_it_was_not_measured():
+    """Each verdict is printed with the off-vs-off control beside it, or says it was left out."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        line = importlib.import_module("telemetry_overhead").verdict_line
+    finally:
+        sys.path.remove(str(BENCH))
+    res = {"policy": "bf16", "hidden": 128, "loadavg_start": 0.5, "loadavg_end": 1.0,
+           "verdict": {"verdict": "pass", "why": "IQR at or below 1.03", "clock": "cpu", "overhead_pct": 0.9,
+                       "p25": 1.003, "p75": 1.016, "ci95": [0.998, 1.028], "rounds": 12}}
+    with_control = line({**res, "control": {"overhead_pct": 0.2, "p25": 0.995, "p75": 1.015, "ci95": [0.994, 1.023]}})
+    assert "PASS" in with_control and "control (off_again vs off, identical): +0.2%, ratio IQR 0.995..1.015" in with_control
+    assert "control (off_again vs off, identical): not measured (--no-control)" in line({**res, "control": None})
