@@ -10,6 +10,7 @@ from workloads.precision.formats import (
     E5M2,
     decode,
     get_format,
+    mul_scale,
     quantize_dequantize,
     saturating_cast,
 )
@@ -141,3 +142,24 @@ def test_training_round_trip_is_the_codec_round_trip(fmt):
     assert torch.equal(q.dequantize(torch.float32), ref)
     plain = TensorScaler(ScalingRecipe("none"), fmt, "activation").quantize(x)[0]
     assert bits(plain.dequantize(torch.float32)) == bits(quantize_dequantize(x, fmt))
+
+
+@pytest.mark.parametrize("shape", [(576, 576), (192, 576), (1536, 576), (64, 300), (256, 256), (3, 5, 200)])
+@pytest.mark.parametrize("tile", [(128, 128), (1, 128)])
+def test_per_tile_scales_multiply_every_element_once_whatever_the_tiles_leave_over(shape, tile):
+    """``mul_scale`` with tiles that do not divide the tensor (SmolLM2's 576 and 192 under 128x128)
+    multiplies the edge strips as views instead of padding a copy: each element must still get
+    exactly its tile's scale, in place when asked and in the product's dtype (FP32 from BF16)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g)
+    rows, cols = x.reshape(-1, shape[-1]).shape
+    br, bc = tile
+    scale = torch.rand(-(-rows // br), -(-cols // bc), generator=g) * 3 + 0.25
+    per_element = scale.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols].reshape(shape)
+    for source in (x, x.to(torch.bfloat16)):
+        expected = source.float() * per_element
+        got = mul_scale(source, scale, tile)
+        assert got.dtype == torch.float32 and torch.equal(got, expected)
+    owned = x.clone()
+    assert mul_scale(owned, scale, tile, inplace=True) is owned and torch.equal(owned, x * per_element)
+    assert torch.equal(x, torch.randn(shape, generator=torch.Generator().manual_seed(0)))  # the input untouched
