@@ -39,7 +39,7 @@ import os
 import shutil
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -437,36 +437,47 @@ def mul_scale(
     """``x * scale`` where ``scale`` is 0-d or per tile (broadcast over tiles with views, no loop).
 
     ``inplace`` overwrites ``x`` when that is possible (a contiguous temporary the caller owns,
-    already of the product's dtype); otherwise the product is a new tensor. Tiles that do not
-    divide ``x`` (SmolLM2's 576 and 192 under 128x128 tiles) are multiplied in place too, edge
-    strips as their own views (``_mul_tiles_``): padding a copy to whole tiles and cutting it
-    back made the multiply of a 576x576 decode ~10x slower than the multiply itself."""
+    already of the product's dtype); otherwise the product is written into a new tensor, in one
+    pass either way. Tiles that do not divide ``x`` (SmolLM2's 576 and 192 under 128x128 tiles)
+    are handled as views too, edge strips on their own (``_mul_tiles``): padding a copy to whole
+    tiles and cutting it back made the multiply of a 576x576 decode ~10x slower than the
+    multiply itself."""
     if tile is None or scale.dim() == 0:
         return x.mul_(scale) if inplace else x * scale
     dtype = torch.result_type(x, scale)
-    if not (inplace and x.is_contiguous() and x.dtype == dtype):
-        x = x.to(dtype, memory_format=torch.contiguous_format, copy=True)
-    _mul_tiles_(as_2d(x), scale, tile)
-    return x
+    x2d = as_2d(x)
+    if inplace and x.is_contiguous() and x.dtype == dtype:
+        out = x
+    elif x2d.shape[0] % tile[0] == 0 and x2d.shape[1] % tile[1] == 0:  # whole tiles: one product of views
+        return (tiles(x2d, tile) * scale[:, None, :, None]).view(x.shape)
+    else:
+        out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    _mul_tiles(x2d, scale, tile, as_2d(out))
+    return out
 
 
-def _mul_tiles_(x2d: torch.Tensor, scale: torch.Tensor, tile: tuple[int, int]) -> None:
-    """``x2d *= scale`` per tile, in place: the whole tiles as one 4-D view, then the partial
-    column strip at the right, the partial row strip at the bottom and their corner (each a view
-    of ``x2d`` with its own slice of ``scale``, whose shape is ``[ceil(R/br), ceil(C/bc)]``).
-    Every element gets the same single multiply as with whole tiles."""
+def _mul_tiles(x2d: torch.Tensor, scale: torch.Tensor, tile: tuple[int, int], out2d: torch.Tensor) -> None:
+    """``out2d = x2d * scale`` per tile (``out2d`` may be ``x2d``): the whole tiles as one 4-D
+    view, then the partial column strip at the right, the partial row strip at the bottom and
+    their corner (each a view with its own slice of ``scale``, whose shape is
+    ``[ceil(R/br), ceil(C/bc)]``). Every element gets the same single multiply as with whole tiles."""
     br, bc = tile
     rows, cols = x2d.shape
     nr, nc = rows // br, cols // bc  # whole tiles down and across
     r0, c0 = nr * br, nc * bc
+
+    def mul(region: tuple[slice, slice], split: Callable[[torch.Tensor], torch.Tensor], s: torch.Tensor) -> None:
+        torch.mul(split(x2d[region]), s, out=split(out2d[region]))
+
     if nr and nc:
-        x2d[:r0, :c0].unflatten(1, (nc, bc)).unflatten(0, (nr, br)).mul_(scale[:nr, None, :nc, None])
+        mul((slice(0, r0), slice(0, c0)), lambda t: t.unflatten(1, (nc, bc)).unflatten(0, (nr, br)),
+            scale[:nr, None, :nc, None])
     if nr and c0 < cols:
-        x2d[:r0, c0:].unflatten(0, (nr, br)).mul_(scale[:nr, nc, None, None])
+        mul((slice(0, r0), slice(c0, cols)), lambda t: t.unflatten(0, (nr, br)), scale[:nr, nc, None, None])
     if r0 < rows and nc:
-        x2d[r0:, :c0].unflatten(1, (nc, bc)).mul_(scale[nr, None, :nc, None])
+        mul((slice(r0, rows), slice(0, c0)), lambda t: t.unflatten(1, (nc, bc)), scale[nr, None, :nc, None])
     if r0 < rows and c0 < cols:
-        x2d[r0:, c0:].mul_(scale[nr, nc])
+        mul((slice(r0, rows), slice(c0, cols)), lambda t: t, scale[nr:, nc:])  # [1, 1], not 0-d: it promotes like x * scale
 
 
 # -- round trip ------------------------------------------------------------------------------
