@@ -2,7 +2,7 @@
 
     python benchmarks/telemetry_overhead.py            # ~10 min: bf16 (the default trial), fp8_protected, fp8_naive
     python benchmarks/telemetry_overhead.py --hidden 1024 --rounds 8 --max-rounds 12   # the wide model
-    python benchmarks/telemetry_overhead.py --model smollm2-135m --rounds 8 --max-rounds 8 --cycles 1 --no-control   # ~40 min
+    python benchmarks/telemetry_overhead.py --model smollm2-135m --rounds 8 --max-rounds 8 --cycles 1 --no-control   # ~45 min
     python benchmarks/telemetry_overhead.py --variants off,default,every_step,item_loop   # the reference points too
     python benchmarks/telemetry_overhead.py --smoke    # seconds, for CI
 
