@@ -5,6 +5,7 @@ import contextlib
 import csv
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import filelock
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -41,9 +43,41 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600, check: bool = True
     return proc
 
 
+@pytest.fixture(scope="session")
+def store_template(run_shared_dir: Path) -> Path:
+    """An empty MLflow SQLite store, created and migrated once per run.
+
+    Why: creating a store runs MLflow's whole chain of schema migrations, ~3 s of CPU in a fresh
+    `fp8lab` process, paid again by every test that starts in an empty folder, for a step none of
+    those tests is about. `seed_store` copies this one in instead (milliseconds). The tests whose
+    subject is what a command writes, or that it writes nothing, start in a bare `tmp_path`."""
+    target = run_shared_dir / "store-template" / "mlflow.db"
+    with filelock.FileLock(str(target.parent) + ".lock"):
+        if not target.exists():
+            target.parent.mkdir(exist_ok=True)
+            partial = target.with_name("partial.db")
+            partial.unlink(missing_ok=True)
+            MlflowClient(f"sqlite:///{partial}").search_experiments()  # creates and migrates it
+            partial.rename(target)
+    return target
+
+
+def seed_store(folder: Path, template: Path) -> Path:
+    """`folder` with a copy of the empty store as its `mlflow.db`, as if MLflow had created it
+    there: the Default experiment's artifact folder is the one MLflow gives a store created from
+    `folder` (`<folder>/mlruns/0`), not the template's."""
+    db = folder / "mlflow.db"
+    shutil.copyfile(template, db)
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0", (str(folder / "mlruns" / "0"),))
+    return folder
+
+
 @pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    return tmp_path
+def workdir(tmp_path: Path, store_template: Path) -> Path:
+    """A folder for the CLI to run in, with an empty store (`store_template`). A test of what a
+    command writes, or that it writes nothing, uses a bare `tmp_path`."""
+    return seed_store(tmp_path, store_template)
 
 
 def store_uri(workdir: Path) -> str:

@@ -67,11 +67,11 @@ def test_diverging_trial_is_a_result_not_a_crash(workdir: Path) -> None:
     assert "adapter" not in {a.path for a in client_for(workdir).list_artifacts(run.info.run_id)}  # nothing to export
 
 
-def test_bad_input_exits_2_and_creates_nothing(workdir: Path) -> None:
-    proc = run_cli(["trial", "precision=fp8_nave", "lora.r=-1"], workdir, check=False)
+def test_bad_input_exits_2_and_creates_nothing(tmp_path: Path) -> None:
+    proc = run_cli(["trial", "precision=fp8_nave", "lora.r=-1"], tmp_path, check=False)
     assert proc.returncode == 2
     assert "did you mean fp8_naive?" in proc.stderr
-    assert not (workdir / "mlflow.db").exists()
-    proc = run_cli(["trial", "lora.r=-1", "train.lr=0"], workdir, check=False)
+    assert not (tmp_path / "mlflow.db").exists()
+    proc = run_cli(["trial", "lora.r=-1", "train.lr=0"], tmp_path, check=False)
     assert proc.returncode == 2 and proc.stderr.count("fp8lab: error:") == 2
-    assert not (workdir / "mlflow.db").exists()
+    assert not (tmp_path / "mlflow.db").exists()

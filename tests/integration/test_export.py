@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.integration.conftest import TINY, client_for, read_json, run_cli, store_uri
+from tests.integration.conftest import TINY, client_for, read_json, run_cli, seed_store, store_uri
 
 pytestmark = pytest.mark.integration
 
@@ -18,8 +18,8 @@ PLUMBING = ("tracking.", "cluster.", "fault.", "report.", "trial.", "sweep.", "t
 
 
 @pytest.fixture(scope="module")
-def trial(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    workdir = tmp_path_factory.mktemp("export")
+def trial(tmp_path_factory: pytest.TempPathFactory, store_template: Path) -> SimpleNamespace:
+    workdir = seed_store(tmp_path_factory.mktemp("export"), store_template)
     args = [a for a in TINY if not a.startswith("eval.limit")] + [f"eval.limit={EVAL_N}", "sweep.name=t-export",
                                                                    "trial.output=result.json"]
     run_cli(["trial", *args], workdir)

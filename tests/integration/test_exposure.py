@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from tests.integration.conftest import TINY, client_for, run_cli
+from tests.integration.conftest import TINY, client_for, run_cli, seed_store
 
 pytestmark = pytest.mark.integration
 
@@ -123,10 +123,10 @@ def test_trust_remote_code_reaches_the_loader_only_as_configured(monkeypatch: py
 
 
 @pytest.fixture(scope="module")
-def exposed_sweep(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+def exposed_sweep(tmp_path_factory: pytest.TempPathFactory, store_template: Path) -> SimpleNamespace:
     """One real one-trial sweep (report included) with secrets in its environment, its process
     tree's listening sockets sampled until it ends: read by the secrets and the ports test."""
-    workdir = tmp_path_factory.mktemp("exposure")
+    workdir = seed_store(tmp_path_factory.mktemp("exposure"), store_template)
     logs = tmp_path_factory.mktemp("exposure-output")  # files, not pipes: nobody reads a pipe while it runs
     # the driver must set Ray's loopback switch itself, not inherit it
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}

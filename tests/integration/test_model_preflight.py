@@ -23,7 +23,8 @@ def _refused(args: list[str], workdir: Path) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.strip()]
 
 
-def test_truncated_weights_and_impossible_trials_are_refused_before_work(workdir: Path, tmp_path_factory) -> None:
+def test_truncated_weights_and_impossible_trials_are_refused_before_work(tmp_path: Path, tmp_path_factory) -> None:
+    workdir = tmp_path  # bare: the check is that nothing, a store included, gets written
     model = Path(shutil.copytree(EMBEDDED, tmp_path_factory.mktemp("models") / "model"))
     weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100_000])  # an interrupted download

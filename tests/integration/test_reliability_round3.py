@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import EAGER_CASTS, TINY, client_for, run_cli, trial_runs
+from tests.integration.conftest import EAGER_CASTS, TINY, client_for, run_cli, seed_store, trial_runs
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("round3")
+def store(tmp_path_factory: pytest.TempPathFactory, store_template: Path) -> Path:
+    return seed_store(tmp_path_factory.mktemp("round3"), store_template)
 
 
 def _duplicates(client: object, run_id: str) -> dict[str, list[int]]:

@@ -21,7 +21,8 @@ def _runs(workdir: Path, experiment: str) -> tuple[list, list]:
     return parents, children
 
 
-def test_sweep_layout_failures_and_rerun(workdir: Path) -> None:
+def test_sweep_layout_failures_and_rerun(tmp_path: Path) -> None:
+    workdir = tmp_path  # bare, no seeded store: this sweep creates its store as a first sweep does
     args = ["sweep", *TINY, *NO_REPORT, "sweep.name=t-sweep", "sweep.axes.precision=[bf16,fp8_protected]",
             "sweep.axes.seed=[0]", "sweep.axes={fault.kind:[null,raise]}", "fault.step=2"]
     first = run_cli(args, workdir, check=False, env=EAGER_CASTS)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TINY, read_csv, run_cli, session_processes, trial_runs, trial_statuses, wait_for
+from tests.integration.conftest import TINY, read_csv, run_cli, seed_store, session_processes, trial_runs, trial_statuses, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -76,8 +76,8 @@ def _interrupt(workdir: Path, sig: int, finished_before: int) -> Stop:
 
 
 @pytest.fixture(scope="module")
-def flow(tmp_path_factory: pytest.TempPathFactory) -> Flow:
-    workdir = tmp_path_factory.mktemp("interrupt")
+def flow(tmp_path_factory: pytest.TempPathFactory, store_template: Path) -> Flow:
+    workdir = seed_store(tmp_path_factory.mktemp("interrupt"), store_template)
     stops = {"SIGINT": _interrupt(workdir, signal.SIGINT, finished_before=1)}
     # the first rerun is the driver the second stop interrupts: its output holds the rerun's title line
     stops["SIGTERM"] = _interrupt(workdir, signal.SIGTERM, finished_before=2)
