@@ -51,7 +51,7 @@ def store_template(run_shared_dir: Path) -> Path:
     `fp8lab` process, paid again by every test that starts in an empty folder, for a step none of
     those tests is about. `seed_store` copies this one in instead (milliseconds). The tests whose
     subject is what a command writes, or that it writes nothing, start in a bare `tmp_path`."""
-    target = run_shared_dir / "store-template" / "mlflow.db"
+    target = store_path(run_shared_dir / "store-template")
     with filelock.FileLock(str(target.parent) + ".lock"):
         if not target.exists():
             target.parent.mkdir(exist_ok=True)
@@ -66,7 +66,7 @@ def seed_store(folder: Path, template: Path) -> Path:
     """`folder` with a copy of the empty store as its `mlflow.db`, as if MLflow had created it
     there: the Default experiment's artifact folder is the one MLflow gives a store created from
     `folder` (`<folder>/mlruns/0`), not the template's."""
-    db = folder / "mlflow.db"
+    db = store_path(folder)
     shutil.copyfile(template, db)
     with contextlib.closing(sqlite3.connect(db)) as conn, conn:
         conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0", (str(folder / "mlruns" / "0"),))
@@ -80,8 +80,13 @@ def workdir(tmp_path: Path, store_template: Path) -> Path:
     return seed_store(tmp_path, store_template)
 
 
+def store_path(workdir: Path) -> Path:
+    """The store the CLI creates in `workdir` by default (tracking.uri=sqlite:///mlflow.db)."""
+    return workdir / "mlflow.db"
+
+
 def store_uri(workdir: Path) -> str:
-    return f"sqlite:///{workdir}/mlflow.db"
+    return f"sqlite:///{store_path(workdir)}"
 
 
 def client_for(workdir: Path) -> MlflowClient:
@@ -106,7 +111,7 @@ def trial_statuses(workdir: Path, experiment: str) -> list[str]:
     leave a half-migrated store. A run the driver has created but whose trial has not started
     (fp8lab.status SCHEDULED) reads SCHEDULED: MLflow creates every run RUNNING and the driver
     sets SCHEDULED a moment later (orchestrator/runs.py), and "RUNNING" must mean the trial runs."""
-    db = workdir / "mlflow.db"
+    db = store_path(workdir)
     if not db.exists():
         return []
     query = ("SELECT CASE WHEN s.value = 'SCHEDULED' THEN 'SCHEDULED' ELSE r.status END FROM runs r "
