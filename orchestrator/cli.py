@@ -11,9 +11,10 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from fp8lab_conf.contracts import STATUS_STOPPED_EARLY
+from fp8lab_conf.process_end import skip_final_collection
 from orchestrator.errors import UserInputError
 
 EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
@@ -359,5 +360,13 @@ def cmd_ui(args: argparse.Namespace) -> int:
     os.execve(command[0], command, server_env(args.with_jobs))  # the server replaces this process: one less
 
 
+def run() -> NoReturn:
+    """The `fp8lab` command: `main`, then exit without the interpreter's final walk over every
+    object (fp8lab_conf.process_end says why). Tests call `main`, which returns."""
+    code = main()
+    skip_final_collection()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -17,6 +17,7 @@ import ray
 from ray.exceptions import RayError
 
 from fp8lab_conf.contracts import METRIC_LOSS, METRIC_TOKENS_PER_S_WINDOW, TrialLaunch
+from fp8lab_conf.process_end import skip_final_collection
 from orchestrator.errors import UserInputError
 
 PIN_AMOUNT = 0.001  # a pin asks for a sliver of the node's custom resource: it places, never limits
@@ -169,6 +170,7 @@ def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
     result["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
     result["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     board.update.remote(launch.trial_id, {"state": result["status"], "ended": time.time()})
+    skip_final_collection()  # max_calls=1: the worker exits once Ray has the result
     return result
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import ray
 
+from fp8lab_conf.process_end import skip_final_collection
+
 PREFIX = "speed_probe/"
 
 
@@ -18,7 +20,9 @@ PREFIX = "speed_probe/"
 def probe_task(configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     from workloads.bench import ProbeSettings, run_probe  # noqa: PLC0415 - the training stack, in the worker
 
-    return run_probe(configs, ProbeSettings())
+    result = run_probe(configs, ProbeSettings())
+    skip_final_collection()  # max_calls=1: the worker exits once Ray has the result
+    return result
 
 
 def run_and_log(client: Any, parent_run_id: str, config: dict[str, Any], overrides: list[str]) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8lab_conf.filesystem import folder_is_writable, special_path_problem
+from fp8lab_conf.process_end import skip_final_collection
 from workloads.eval.checks import check_eval_tasks
 from workloads.model.pretrained import ensure_folder, is_packaged, missing_requirements
 
@@ -314,6 +315,7 @@ def main() -> None:
     problems = check_many(configs)
     resolved = [] if problems else [data_plan(c)[0] for c in configs]
     json.dump({"problems": problems, "train": resolved}, sys.stdout)
+    skip_final_collection()  # the process exits next
 
 
 if __name__ == "__main__":

@@ -122,3 +122,13 @@ def test_projection_validation_smoke(bench, tmp_path):
     data = json.loads(out.read_text())
     assert len(data["results"]) == 5 and data["validated"] == all(r["ok"] for r in data["results"])
     assert len(data["sensitivity"]) == 9
+
+
+def test_process_exit_smoke(bench, tmp_path):
+    out = tmp_path / "x.json"
+    assert bench("process_exit").main(["--smoke", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    (case,) = data["results"].values()
+    assert data["smoke"] and list(data["results"]) == ["import"]
+    assert case["plain_cpu_s"]["n"] == case["skip_cpu_s"]["n"] == case["ratio"]["n"] == 1
+    assert case["plain_cpu_s"]["median"] > 0 and case["skip_cpu_s"]["median"] > 0
