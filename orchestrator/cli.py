@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from fp8lab_conf.contracts import STATUS_STOPPED_EARLY
-from fp8lab_conf.process_end import skip_final_collection
+from fp8lab_conf.garbage_collection import skip_final_collection
 from orchestrator.errors import UserInputError
 
 EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
@@ -362,7 +362,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 def run() -> NoReturn:
     """The `fp8lab` command: `main`, then exit without the interpreter's final walk over every
-    object (fp8lab_conf.process_end says why). Tests call `main`, which returns."""
+    object (fp8lab_conf.garbage_collection says why). Tests call `main`, which returns."""
     code = main()
     skip_final_collection()
     sys.exit(code)

@@ -17,7 +17,7 @@ import ray
 from ray.exceptions import RayError
 
 from fp8lab_conf.contracts import METRIC_LOSS, METRIC_TOKENS_PER_S_WINDOW, TrialLaunch
-from fp8lab_conf.process_end import skip_final_collection
+from fp8lab_conf.garbage_collection import collection_paused, skip_final_collection
 from orchestrator.errors import UserInputError
 
 PIN_AMOUNT = 0.001  # a pin asks for a sliver of the node's custom resource: it places, never limits
@@ -155,7 +155,8 @@ def _first_line(exc: Exception) -> str:
 def run_trial_task(launch: TrialLaunch, board: Any) -> dict[str, Any]:
     """Runs in a Ray worker. Imports the training stack here, never in the driver."""
     started = time.time()
-    from workloads.entry import run  # noqa: PLC0415 - heavy import belongs to the worker
+    with collection_paused():  # the training stack's imports: seconds of collections for nothing
+        from workloads.entry import run  # noqa: PLC0415 - heavy import belongs to the worker
 
     board.update.remote(launch.trial_id, {"state": "RUNNING", "step": 0})
 

@@ -15,6 +15,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from fp8lab_conf.contracts import METRIC_ACCURACY, METRIC_ACCURACY_STDERR, METRIC_TOKENS_PER_S, RESULT_JSON, TAG_STATUS, TrialLaunch
+from fp8lab_conf.garbage_collection import collection_paused
 from orchestrator import runs
 from orchestrator.errors import UserInputError
 from orchestrator.interrupts import interrupts_raise
@@ -36,7 +37,8 @@ def run_single_trial(config: dict[str, Any], overrides: list[str], force: bool =
     if problems:
         raise UserInputError(problems)
     config = resolve_config(config)  # the `train` keys the data decides, as a sweep's cell gets them
-    from workloads.entry import run  # the trial runs here: the training stack is needed anyway
+    with collection_paused():  # the rest of the training stack's imports
+        from workloads.entry import run  # the trial runs here: the training stack is needed anyway
 
     spec = TrialSpec(tuple(overrides), {}, config, compute_trial_id(config))
     from orchestrator.lease import ready_store

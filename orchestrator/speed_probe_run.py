@@ -11,14 +11,15 @@ from typing import Any
 
 import ray
 
-from fp8lab_conf.process_end import skip_final_collection
+from fp8lab_conf.garbage_collection import collection_paused, skip_final_collection
 
 PREFIX = "speed_probe/"
 
 
 @ray.remote(max_calls=1)
 def probe_task(configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    from workloads.bench import ProbeSettings, run_probe  # noqa: PLC0415 - the training stack, in the worker
+    with collection_paused():  # the training stack's imports
+        from workloads.bench import ProbeSettings, run_probe  # noqa: PLC0415 - the training stack, in the worker
 
     result = run_probe(configs, ProbeSettings())
     skip_final_collection()  # max_calls=1: the worker exits once Ray has the result

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8lab_conf.filesystem import folder_is_writable, special_path_problem
-from fp8lab_conf.process_end import skip_final_collection
+from fp8lab_conf.garbage_collection import skip_final_collection
 from workloads.eval.checks import check_eval_tasks
 from workloads.model.pretrained import ensure_folder, is_packaged, missing_requirements
 

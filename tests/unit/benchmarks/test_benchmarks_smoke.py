@@ -124,11 +124,13 @@ def test_projection_validation_smoke(bench, tmp_path):
     assert len(data["sensitivity"]) == 9
 
 
-def test_process_exit_smoke(bench, tmp_path):
+def test_garbage_collection_smoke(bench, tmp_path):
     out = tmp_path / "x.json"
-    assert bench("process_exit").main(["--smoke", "--json", str(out)]) == 0
+    assert bench("garbage_collection").main(["--smoke", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    (case,) = data["results"].values()
     assert data["smoke"] and list(data["results"]) == ["import"]
-    assert case["plain_cpu_s"]["n"] == case["skip_cpu_s"]["n"] == case["ratio"]["n"] == 1
-    assert case["plain_cpu_s"]["median"] > 0 and case["skip_cpu_s"]["median"] > 0
+    variants = data["results"]["import"]
+    assert list(variants) == ["plain", "skip", "paused+skip"]
+    for figures in variants.values():
+        assert figures["cpu_s"]["n"] == figures["ratio"]["n"] == 1 and figures["cpu_s"]["median"] > 0
+    assert variants["plain"]["ratio"]["median"] == 1.0

@@ -1,18 +1,21 @@
-"""`skip_final_collection`: the exit skips the collector's walk, and nothing a user can observe."""
+"""`collection_paused` holds collections for a block and gives them back as they were;
+`skip_final_collection`: the exit skips the collector's walk, and nothing a user can observe."""
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from fp8lab_conf.garbage_collection import collection_paused
 from orchestrator import cli
 
 # A process that ends the way fp8lab's processes do: work, skip_final_collection(), exit.
 CHILD = """
 import atexit, sys, threading, time
-from fp8lab_conf.process_end import skip_final_collection
+from fp8lab_conf.garbage_collection import skip_final_collection
 out = open(sys.argv[1], "w")
 out.write("buffered, never flushed by hand")  # freed by reference counting at exit: closed, flushed
 cycle = {}
@@ -48,3 +51,20 @@ def test_the_installed_fp8lab_command_is_the_entry_point_that_skips_it() -> None
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "fp8lab"]
     assert script.value == "orchestrator.cli:run"
+
+
+def test_collection_paused_holds_collections_and_restores_the_setting_even_on_error() -> None:
+    assert gc.isenabled()
+    with collection_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ImportError), collection_paused():
+        raise ImportError("a failed import")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collection_paused():
+            pass
+        assert not gc.isenabled()  # switched off before: stays off
+    finally:
+        gc.enable()
