@@ -6,7 +6,7 @@ Why: torch, transformers, PEFT, lm-eval and MLflow leave millions of objects ali
 collection walks all of them. Two moments pay for it with nothing to gain: importing that stack
 (collections keep firing while the objects pile up) and the interpreter's exit (its final
 collections walk everything still alive, for memory the OS takes back anyway). Measured in
-docs/testing.md, "The garbage collector at import and at exit" (`benchmarks/process_exit.py`).
+docs/testing.md, "The garbage collector at import and at exit" (`benchmarks/garbage_collection.py`).
 """
 from __future__ import annotations
 
